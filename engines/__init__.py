@@ -1,0 +1,1 @@
+"""Engines: the cost model, the clockless engine core, simulated and vLLM engines."""

@@ -1,0 +1,246 @@
+"""A clockless model of one engine instance, shaped like vLLM v1's scheduler.
+
+Continuous batching under a token budget, a waiting queue in the instance's order (FCFS,
+or priority with preemption), a KV-cache capacity in tokens, and a prefix cache that keeps
+a trajectory's context between its turns. `step()` runs one iteration and returns what
+advanced, what finished and how long the iteration took (from the cost model); the
+caller owns the clock: the simulator adds the time to virtual time, the live simulated
+engine sleeps it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engines.queues import create_request_queue, rank
+from engines.request import EngineRequest
+
+IterationCost = Callable[..., float]  # CostModel.iteration_s
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    kv_capacity_tokens: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    policy: str = "fcfs"  # "fcfs" or "priority"
+    preemption: bool = True  # priority policy: a waiting request may evict a running one
+
+
+@dataclass
+class StepOutput:
+    """What one iteration did."""
+
+    duration_s: float = 0.0
+    # request_id -> output tokens made this iteration (0 while its prefill is chunked)
+    advanced: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+
+
+class EngineCore:
+    def __init__(self, *, limits: EngineLimits, iteration_cost: IterationCost) -> None:
+        self.limits = limits
+        self._iteration_cost = iteration_cost
+        self.waiting = create_request_queue(limits.policy)
+        self.running: list[EngineRequest] = []
+        # prefix_key -> tokens of KV kept for a trajectory that is not running (LRU order)
+        self.prefix_cache: OrderedDict[str, int] = OrderedDict()
+        self.num_cached_kv_tokens = 0
+        self.num_running_kv_tokens = 0
+        self._arrivals = 0
+        self._by_id: dict[str, EngineRequest] = {}
+
+    # ---- requests in and out -------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        need = request.context_tokens + request.max_new_tokens
+        if need > self.limits.kv_capacity_tokens:
+            raise ValueError(
+                f"request {request.request_id} needs {need} KV tokens; "
+                f"the instance holds {self.limits.kv_capacity_tokens}"
+            )
+        if request.request_id in self._by_id:
+            raise ValueError(f"request {request.request_id} is already in the engine")
+        request.arrival_seq = self._arrivals
+        self._arrivals += 1
+        self._by_id[request.request_id] = request
+        self.waiting.push(request)
+
+    def abort(self, request_id: str) -> bool:
+        request = self._by_id.pop(request_id, None)
+        if request is None:
+            return False
+        if request in self.running:
+            self._release(request)
+        else:
+            self.waiting.remove(request_id)
+        return True
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._by_id)
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return self.limits.kv_capacity_tokens - self.num_running_kv_tokens - self.num_cached_kv_tokens
+
+    def has_work(self) -> bool:
+        return bool(self._by_id)
+
+    # ---- KV bookkeeping -------------------------------------------------------------
+    def _cache_put(self, key: str, tokens: int) -> None:
+        old = self.prefix_cache.pop(key, 0)
+        self.num_cached_kv_tokens -= old
+        if tokens > 0:
+            self.prefix_cache[key] = tokens
+            self.num_cached_kv_tokens += tokens
+
+    def _cache_take(self, key: str) -> int:
+        tokens = self.prefix_cache.pop(key, 0)
+        self.num_cached_kv_tokens -= tokens
+        return tokens
+
+    def _allocate(self, num_tokens: int) -> bool:
+        """Reserve KV for `num_tokens`, evicting cached prefixes (LRU) if needed."""
+        while self.kv_free_tokens < num_tokens and self.prefix_cache:
+            _, tokens = self.prefix_cache.popitem(last=False)
+            self.num_cached_kv_tokens -= tokens
+        if self.kv_free_tokens < num_tokens:
+            return False
+        self.num_running_kv_tokens += num_tokens
+        return True
+
+    def _release(self, request: EngineRequest) -> None:
+        """Take a request off the running list; its KV stays as an evictable prefix."""
+        self.running.remove(request)
+        self.num_running_kv_tokens -= request.num_computed_tokens
+        self._cache_put(request.prefix_key, request.num_computed_tokens)
+        request.num_computed_tokens = 0
+
+    def _insert_running(self, request: EngineRequest) -> None:
+        if self.limits.policy == "priority":
+            keys = [rank(r) for r in self.running]
+            self.running.insert(bisect.bisect_right(keys, rank(request)), request)
+        else:
+            self.running.append(request)
+
+    def _preempt(self, request: EngineRequest, out: StepOutput) -> None:
+        self._release(request)
+        request.num_preemptions += 1
+        self.waiting.push(request)
+        out.preempted.append(request.request_id)
+
+    @staticmethod
+    def _prefill_target(request: EngineRequest) -> int:
+        return request.num_tokens - (1 if request.num_output_tokens else 0)
+
+    # ---- one iteration --------------------------------------------------------------
+    def step(self) -> StepOutput:
+        limits = self.limits
+        out = StepOutput()
+        token_budget = limits.max_num_batched_tokens
+        scheduled: list[tuple[EngineRequest, int]] = []
+
+        # Progressive priority (Heddle Alg. 1): a waiting request that outranks the
+        # lowest-ranked running one takes its seat; the evicted request keeps its KV as
+        # a cached prefix and waits.
+        if limits.policy == "priority" and limits.preemption:
+            while (
+                self.waiting
+                and self.running
+                and len(self.running) >= limits.max_num_seqs
+                and rank(self.waiting.peek()) < rank(self.running[-1])
+            ):
+                self._preempt(self.running[-1], out)
+
+        # Running requests first, in rank order; the tail is preempted when KV runs out.
+        idx = 0
+        while idx < len(self.running) and token_budget > 0:
+            request = self.running[idx]
+            if request.is_prefilling:
+                num_new = min(self._prefill_target(request) - request.num_computed_tokens, token_budget)
+            else:
+                num_new = 1
+            while not self._allocate(num_new):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                token_budget -= num_new
+                idx += 1
+                continue
+            break  # the request itself was preempted: nothing after it can fit either
+
+        # Then waiting requests, while seats, budget and KV last.
+        while self.waiting and token_budget > 0 and len(self.running) < limits.max_num_seqs:
+            request = self.waiting.peek()
+            hit = min(self._cache_take(request.prefix_key), self._prefill_target(request))
+            if request.num_preemptions == 0 and request.num_output_tokens == 0:
+                request.num_cached_tokens = hit
+            self.num_running_kv_tokens += hit
+            request.num_computed_tokens = hit
+            num_new = min(self._prefill_target(request) - hit, token_budget)
+            if num_new == 0:
+                num_new = 1  # the whole context is cached: go straight to decode
+            if not self._allocate(num_new):
+                # Put the prefix back; the request waits for KV to free up.
+                self.num_running_kv_tokens -= hit
+                request.num_computed_tokens = 0
+                self._cache_put(request.prefix_key, hit)
+                break
+            self.waiting.pop()
+            self._insert_running(request)
+            scheduled.append((request, num_new))
+            token_budget -= num_new
+
+        if not scheduled:
+            return out
+
+        # Cost of the iteration, then advance state (vLLM `update_from_output`).
+        decode_ctx = prefill_ctx = 0
+        for request, num_new in scheduled:
+            if request.is_prefilling:
+                out.num_prefill_tokens += num_new
+                prefill_ctx += request.num_computed_tokens * num_new
+            else:
+                out.num_decode_seqs += 1
+                decode_ctx += request.num_computed_tokens
+        out.duration_s = self._iteration_cost(
+            num_decode_seqs=out.num_decode_seqs,
+            decode_context_tokens=decode_ctx,
+            num_prefill_tokens=out.num_prefill_tokens,
+            prefill_context_tokens=prefill_ctx // max(out.num_prefill_tokens, 1),
+        )
+        self._update_from_output(scheduled, out)
+        self._check_invariants(scheduled)
+        return out
+
+    def _update_from_output(self, scheduled: list[tuple[EngineRequest, int]], out: StepOutput) -> None:
+        for request, num_new in scheduled:
+            was_prefilling = request.is_prefilling
+            request.num_computed_tokens += num_new
+            made = 0
+            if not was_prefilling or request.num_computed_tokens >= self._prefill_target(request):
+                request.num_output_tokens += 1
+                made = 1
+            out.advanced[request.request_id] = made
+            if request.is_finished:
+                self._release(request)
+                del self._by_id[request.request_id]
+                out.finished.append(request.request_id)
+
+    def _check_invariants(self, scheduled: list[tuple[EngineRequest, int]]) -> None:
+        limits = self.limits
+        if sum(n for _, n in scheduled) > limits.max_num_batched_tokens:
+            raise AssertionError("token budget exceeded")
+        if len(self.running) > limits.max_num_seqs:
+            raise AssertionError("max_num_seqs exceeded")
+        if self.num_running_kv_tokens + self.num_cached_kv_tokens > limits.kv_capacity_tokens:
+            raise AssertionError("KV capacity exceeded")

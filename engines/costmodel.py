@@ -1,0 +1,173 @@
+"""Iteration times of an LLM engine from first principles (DESIGN.md, "The engine core").
+
+A decode iteration reads the weights once and every running request's KV cache, so it is
+memory bound until the batch is large enough to be compute bound; prefill is compute
+bound. Tensor parallelism divides both across GPUs and adds two all-reduces per layer.
+Interference between co-located requests is not a fudge factor: it is what a larger
+batch and longer contexts cost here.
+
+Every constant names its source. Calibration against published vLLM figures is the
+subject of the simulator issue; the figures used so far are the hardware datasheets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = 2  # bf16 weights
+BYTES_PER_KV_ELEMENT = 2  # bf16 KV cache
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_params: float
+    num_layers: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * BYTES_PER_PARAM
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head (summed over the TP group)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * BYTES_PER_KV_ELEMENT
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float  # dense
+    nvlink_bytes_per_s: float  # per direction, per GPU
+
+
+# Model shapes: the models' config.json on their Hugging Face cards (Qwen3 technical report).
+MODELS: dict[str, ModelShape] = {
+    "qwen3-8b": ModelShape("qwen3-8b", 8.19e9, 36, 4096, 8, 128),
+    "qwen3-14b": ModelShape("qwen3-14b", 14.8e9, 40, 5120, 8, 128),
+    "qwen3-32b": ModelShape("qwen3-32b", 32.8e9, 64, 5120, 8, 128),
+}
+
+# GPUs: NVIDIA datasheets (H100 SXM5, H200 SXM, A100 80GB SXM4); NVLink per GPU per direction.
+GPUS: dict[str, GPUSpec] = {
+    "h100": GPUSpec("h100", 80e9, 3.35e12, 989e12, 450e9),
+    "h200": GPUSpec("h200", 141e9, 4.8e12, 989e12, 450e9),
+    "a100": GPUSpec("a100", 80e9, 2.039e12, 312e12, 300e9),
+}
+
+# Achievable fractions of peak. Decode kernels in vLLM reach about 75-85% of HBM bandwidth
+# (vLLM/FlashInfer decode benchmarks); large GEMMs about 50-60% of dense bf16 peak (MFU
+# reported for prefill-heavy serving). Middle values are used until calibration.
+HBM_EFFICIENCY = 0.8
+COMPUTE_EFFICIENCY = 0.55
+NVLINK_EFFICIENCY = 0.7
+# Per-iteration host overhead of vLLM v1 with CUDA graphs (scheduler + sampling), ~1-2 ms.
+ITERATION_OVERHEAD_S = 1.5e-3
+# NCCL all-reduce launch latency on NVLink, small messages: ~10 us (nccl-tests).
+ALLREDUCE_LATENCY_S = 10e-6
+# Activation and CUDA-graph memory vLLM reserves beside weights and KV, per GPU.
+ACTIVATION_RESERVE_BYTES = 4e9
+# Migration across nodes: 400 Gb/s InfiniBand (the paper's testbed), at 80% efficiency.
+INTERNODE_BYTES_PER_S = 50e9 * 0.8
+MIGRATION_SETUP_S = 5e-3
+# Reconfiguration: weights reloaded from host memory over PCIe Gen5 (~25 GB/s achievable
+# per GPU), plus engine restart (process start, CUDA graph capture): ~20 s for vLLM.
+WEIGHT_RELOAD_BYTES_PER_S = 25e9
+ENGINE_RESTART_S = 20.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Times for one engine instance: one model on `tp` GPUs of one kind."""
+
+    model: ModelShape
+    gpu: GPUSpec
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+
+    @classmethod
+    def for_names(
+        cls, model: str, gpu: str, tp: int = 1, gpu_memory_utilization: float = 0.9
+    ) -> CostModel:
+        try:
+            shape = MODELS[model.lower()]
+        except KeyError:
+            raise ValueError(f"unknown model {model!r}; known: {sorted(MODELS)}") from None
+        try:
+            spec = GPUS[gpu.lower()]
+        except KeyError:
+            raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPUS)}") from None
+        return cls(shape, spec, tp, gpu_memory_utilization)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV-cache tokens the instance holds: what memory leaves after the weights."""
+        usable = self.gpu.memory_bytes * self.gpu_memory_utilization - ACTIVATION_RESERVE_BYTES
+        free = usable * self.tp - self.model.weight_bytes
+        if free <= 0:
+            return 0
+        return int(free // self.model.kv_bytes_per_token)
+
+    def _allreduce_s(self, num_tokens: int) -> float:
+        if self.tp == 1 or num_tokens == 0:
+            return 0.0
+        message = num_tokens * self.model.hidden_size * BYTES_PER_PARAM
+        ring = 2 * (self.tp - 1) / self.tp * message
+        per_call = ALLREDUCE_LATENCY_S + ring / (self.gpu.nvlink_bytes_per_s * NVLINK_EFFICIENCY)
+        return 2 * self.model.num_layers * per_call
+
+    def iteration_s(
+        self,
+        *,
+        num_decode_seqs: int,
+        decode_context_tokens: int,
+        num_prefill_tokens: int = 0,
+        prefill_context_tokens: int = 0,
+    ) -> float:
+        """One engine iteration: `num_decode_seqs` decode tokens whose KV totals
+        `decode_context_tokens`, plus a prefill chunk of `num_prefill_tokens` attending to
+        `prefill_context_tokens` of earlier context on average."""
+        num_tokens = num_decode_seqs + num_prefill_tokens
+        if num_tokens == 0:
+            return 0.0
+        m = self.model
+        read_bytes = m.weight_bytes + (decode_context_tokens + prefill_context_tokens) * (
+            m.kv_bytes_per_token
+        )
+        mem_s = read_bytes / self.tp / (self.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+        linear_flops = 2 * m.num_params * num_tokens
+        attn_flops = 4 * m.num_layers * m.hidden_size * (
+            decode_context_tokens + num_prefill_tokens * (prefill_context_tokens + num_prefill_tokens / 2)
+        )
+        compute_s = (linear_flops + attn_flops) / self.tp / (self.gpu.bf16_flops * COMPUTE_EFFICIENCY)
+        return max(mem_s, compute_s) + self._allreduce_s(num_tokens) + ITERATION_OVERHEAD_S
+
+    def decode_token_s(self, batch_size: int = 1, context_tokens: int = 1024) -> float:
+        """Per-token latency of a decode iteration at `batch_size`, each with `context_tokens`."""
+        return self.iteration_s(
+            num_decode_seqs=batch_size, decode_context_tokens=batch_size * context_tokens
+        )
+
+    def prefill_s(self, num_tokens: int, cached_tokens: int = 0) -> float:
+        """Recomputing a context: what a turn on a cold instance pays."""
+        return self.iteration_s(
+            num_decode_seqs=0,
+            decode_context_tokens=0,
+            num_prefill_tokens=num_tokens,
+            prefill_context_tokens=cached_tokens,
+        )
+
+    def migration_s(self, context_tokens: int, *, same_node: bool = True) -> float:
+        """Moving a trajectory's KV cache to another instance."""
+        nbytes = context_tokens * self.model.kv_bytes_per_token
+        bw = self.gpu.nvlink_bytes_per_s * NVLINK_EFFICIENCY if same_node else INTERNODE_BYTES_PER_S
+        return MIGRATION_SETUP_S + nbytes / bw
+
+    def reconfiguration_s(self) -> float:
+        """Restarting the instance at another TP degree: weight reload plus engine start."""
+        return self.model.weight_bytes / self.tp / WEIGHT_RELOAD_BYTES_PER_S + ENGINE_RESTART_S

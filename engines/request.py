@@ -1,0 +1,35 @@
+"""The engine's view of one LLM step (vLLM v1 `Request`, reduced to counts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    request_id: str
+    # Trajectory the step belongs to: the prefix cache keeps its context between turns.
+    prefix_key: str
+    # Tokens before generation: prompt plus every earlier turn and tool output.
+    context_tokens: int
+    max_new_tokens: int
+    priority: int = 0
+    arrival_seq: int = 0
+    # Progress. KV held = num_computed_tokens; generation starts once the context is in.
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit when first admitted
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose KV this request needs now: context plus what it generated."""
+        return self.context_tokens + self.num_output_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_tokens - (1 if self.num_output_tokens else 0)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.max_new_tokens

@@ -1,0 +1,122 @@
+"""Configuration models, validated once at the edge (STYLE.md 9).
+
+A cluster file is YAML: `model`, `gpu`, `num_gpus`, `tp_choices`, `default_tp` and the
+engine limits. Errors name the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from heddle.errors import ConfigError
+from engines.costmodel import GPUS, MODELS
+
+
+class EngineLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+
+
+class ClusterConfig(BaseModel):
+    """The GPUs a rollout runs on and how the engines on them are shaped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "qwen3-8b"
+    gpu: str = "h100"
+    num_gpus: int = Field(4, ge=1)
+    tp_choices: tuple[int, ...] = (1, 2, 4, 8)
+    default_tp: int = Field(1, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if self.model.lower() not in MODELS:
+            raise ValueError(f"model: unknown model {self.model!r}; known: {sorted(MODELS)}")
+        if self.gpu.lower() not in GPUS:
+            raise ValueError(f"gpu: unknown GPU {self.gpu!r}; known: {sorted(GPUS)}")
+        for tp in self.tp_choices:
+            if tp < 1 or tp & (tp - 1):
+                raise ValueError(f"tp_choices: {tp} is not a power of two")
+        if self.default_tp not in self.tp_choices:
+            raise ValueError(f"default_tp: {self.default_tp} is not in tp_choices")
+        if self.num_gpus % self.default_tp:
+            raise ValueError(
+                f"num_gpus: {self.num_gpus} GPUs do not divide into TP-{self.default_tp} instances"
+            )
+        return self
+
+    @property
+    def limits(self) -> EngineLimits:
+        return EngineLimits(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+        )
+
+    def instance_ids(self) -> list[str]:
+        """The homogeneous default split: one instance per `default_tp` GPUs."""
+        return [f"i{k}" for k in range(self.num_gpus // self.default_tp)]
+
+
+def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the YAML node at `loc`, or of its nearest existing parent."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == key), None)
+            if match is None:
+                return line
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """Read a cluster YAML file; raise `ConfigError` naming file, line and field."""
+    path_str = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(path_str, None, None, f"cannot be read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(path_str, line, None, f"is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path_str, 1, None, "must be a YAML mapping")
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        msg = str(err.get("msg", "is invalid"))
+        field = ".".join(str(p) for p in loc) if loc else None
+        if not loc and ": " in msg:
+            # Raised by a model validator as "field: message".
+            field, msg = msg.removeprefix("Value error, ").split(": ", 1)
+            loc = (field,)
+        if err.get("type") == "extra_forbidden":
+            msg = "is not a cluster field"
+        raise ConfigError(path_str, _yaml_line(text, loc), field, msg) from exc

@@ -1,0 +1,217 @@
+"""Types shared by the client, the workflows, the activities and the policy core.
+
+Every workflow, activity and signal takes one dataclass and returns one; new fields get
+defaults so that recorded histories keep replaying. Payloads hold counts and store keys,
+never token arrays or long texts (those live in the trajectory store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TOOL_STATUSES = ("ok", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One LLM step of a trace: what the engine generates, then the tool it calls, if any."""
+
+    output_tokens: int
+    tool: str | None = None
+    tool_latency_s: float = 0.0
+    tool_status: str = "ok"
+    tool_output_tokens: int = 0
+    # Argument of a real tool call (code, expression, query); replay ignores it.
+    tool_input: str | None = None
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """One trace line without its long texts: what a trajectory workflow carries."""
+
+    trajectory_id: str
+    group_id: str
+    prompt_tokens: int
+    steps: tuple[StepSpec, ...]
+    workload: str = "unknown"
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(s.output_tokens for s in self.steps)
+
+
+@dataclass
+class RolloutOptions:
+    """How a batch runs; one copy travels with the batch and each of its trajectories."""
+
+    policy: str = "least_loaded"
+    tools: str = "replay"  # "replay" the trace's tool timings, or "real" tool execution
+    max_turns: int = 64
+    max_tokens: int = 65536
+    max_in_flight: int = 4096
+    time_scale: float = 1.0
+    queue_prefix: str = ""
+    # Retries of a single LLM step or tool call before the trajectory is marked failed.
+    max_attempts: int = 5
+
+
+@dataclass
+class BatchInput:
+    batch_id: str
+    num_trajectories: int
+    options: RolloutOptions = field(default_factory=RolloutOptions)
+    page_size: int = 256
+
+
+@dataclass
+class TrajectoryInput:
+    batch_id: str
+    spec: TrajectorySpec
+    options: RolloutOptions = field(default_factory=RolloutOptions)
+
+
+@dataclass
+class Decision:
+    """Where and how urgently the next LLM step runs, and why."""
+
+    instance_id: str
+    priority: int = 0
+    reason: str = ""
+
+
+@dataclass
+class DecideRequest:
+    trajectory_id: str
+    group_id: str
+    step_index: int
+    context_tokens: int
+    generated_tokens: int
+    policy: str = "least_loaded"
+    queue_prefix: str = ""
+
+
+@dataclass
+class StepReport:
+    """Sent to the scheduler service after an LLM step ends (load bookkeeping)."""
+
+    trajectory_id: str
+    instance_id: str
+    step_index: int
+    output_tokens: int
+    queue_prefix: str = ""
+
+
+@dataclass
+class GenerateRequest:
+    """One LLM step on one engine instance (trace replay: exactly `max_new_tokens`)."""
+
+    request_id: str
+    trajectory_id: str
+    step_index: int
+    context_tokens: int
+    max_new_tokens: int
+    priority: int = 0
+    time_scale: float = 1.0
+
+
+@dataclass
+class GenerateResult:
+    instance_id: str
+    output_tokens: int
+    cached_tokens: int = 0
+    queued_s: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    attempt: int = 1
+    resumed_tokens: int = 0
+
+
+@dataclass
+class ToolRequest:
+    trajectory_id: str
+    step_index: int
+    tool: str
+    mode: str = "replay"
+    latency_s: float = 0.0
+    status: str = "ok"
+    output_tokens: int = 0
+    tool_input: str | None = None
+    time_scale: float = 1.0
+
+
+@dataclass
+class ToolResult:
+    status: str
+    output_tokens: int
+    latency_s: float
+    # Store key of the observation text; empty for replayed calls, which have no text.
+    observation_ref: str = ""
+    error: str = ""
+
+
+@dataclass
+class StepRecord:
+    """What the store keeps of one step: timings, instance, tokens, tool status."""
+
+    batch_id: str
+    trajectory_id: str
+    step_index: int
+    instance_id: str
+    context_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    queued_s: float = 0.0
+    gen_started_at: float = 0.0
+    gen_finished_at: float = 0.0
+    tool: str | None = None
+    tool_status: str | None = None
+    tool_output_tokens: int = 0
+    tool_latency_s: float = 0.0
+    observation_ref: str = ""
+
+
+@dataclass
+class TrajectorySummary:
+    """A trajectory's outcome: what its workflow returns and the store persists."""
+
+    batch_id: str
+    trajectory_id: str
+    group_id: str
+    status: str  # completed | failed
+    finish_reason: str  # answer | turn_limit | token_limit | error
+    turns: int
+    generated_tokens: int
+    tool_calls: int
+    reward: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class BatchReport:
+    batch_id: str
+    trajectories: int
+    completed: int
+    failed: int
+    generated_tokens: int
+    makespan_s: float
+    throughput_tok_s: float
+    completion_s: dict[str, float] = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    policy: str = ""
+    time_scale: float = 1.0
+    failed_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SpecPage:
+    specs: list[TrajectorySpec]
+
+
+@dataclass
+class SpecPageRequest:
+    batch_id: str
+    offset: int
+    limit: int
