@@ -1,0 +1,313 @@
+"""Reads and writes of the trajectory store.
+
+Every write is idempotent (keyed upserts), because activities are retried: a step
+recorded twice is one row. A batch and its trajectories are inserted in one transaction,
+so a rejected batch leaves nothing behind. SQLite by default, PostgreSQL by URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow
+from heddle.trace import TraceRecord
+from heddle.types import (
+    BatchReport,
+    RolloutOptions,
+    StepRecord,
+    StepSpec,
+    TrajectorySpec,
+    TrajectorySummary,
+)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def default_url(state_dir: str | Path = ".heddle") -> str:
+    return os.environ.get("HEDDLE_STORE_URL") or f"sqlite:///{Path(state_dir) / 'store.db'}"
+
+
+def trajectory_key(batch_id: str, trajectory_id: str) -> str:
+    return f"{batch_id}/{trajectory_id}"
+
+
+def spec_to_json(spec: TrajectorySpec) -> str:
+    return json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
+
+
+def spec_from_json(text: str) -> TrajectorySpec:
+    data = json.loads(text)
+    data["steps"] = tuple(StepSpec(**s) for s in data["steps"])
+    return TrajectorySpec(**data)
+
+
+def upgrade(url: str) -> None:
+    """Bring the store's schema to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url)
+    cfg.attributes["configure_logger"] = False
+    command.upgrade(cfg, "head")
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class TrajectoryStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = _make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> TrajectoryStore:
+        """Apply migrations, then connect."""
+        upgrade(url)
+        return cls(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    # ---- batches ---------------------------------------------------------------------
+    def create_batch(
+        self,
+        *,
+        batch_id: str,
+        records: Iterable[TraceRecord],
+        options: RolloutOptions,
+        source: str,
+        created_at: float,
+    ) -> int:
+        """Insert a batch with all its trajectories and texts, atomically."""
+        with self._session() as s:
+            if s.get(BatchRow, batch_id) is not None:
+                raise ValueError(f"batch {batch_id!r} already exists in the store")
+            count = 0
+            for position, record in enumerate(records):
+                spec = record.spec
+                key = trajectory_key(batch_id, spec.trajectory_id)
+                prompt_ref = None
+                if record.prompt_text is not None:
+                    prompt_ref = f"{key}/prompt"
+                    s.add(TextRow(ref=prompt_ref, content=record.prompt_text))
+                for i, text in enumerate(record.step_texts):
+                    if text is not None:
+                        s.add(TextRow(ref=f"{key}/trace/{i}", content=text))
+                s.add(
+                    TrajectoryRow(
+                        key=key,
+                        batch_id=batch_id,
+                        trajectory_id=spec.trajectory_id,
+                        group_id=spec.group_id,
+                        workload=spec.workload,
+                        position=position,
+                        prompt_tokens=spec.prompt_tokens,
+                        spec_json=spec_to_json(spec),
+                        prompt_ref=prompt_ref,
+                        trace_reward=record.reward,
+                    )
+                )
+                count += 1
+            s.add(
+                BatchRow(
+                    batch_id=batch_id,
+                    policy=options.policy,
+                    source=source,
+                    options_json=json.dumps(dataclasses.asdict(options)),
+                    num_trajectories=count,
+                    created_at=created_at,
+                )
+            )
+            return count
+
+    def load_specs(self, batch_id: str, offset: int, limit: int) -> list[TrajectorySpec]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(TrajectoryRow.spec_json)
+                .where(TrajectoryRow.batch_id == batch_id)
+                .order_by(TrajectoryRow.position)
+                .offset(offset)
+                .limit(limit)
+            ).all()
+        return [spec_from_json(r) for r in rows]
+
+    def finish_batch(self, report: BatchReport) -> None:
+        with self._session() as s:
+            s.execute(
+                update(BatchRow)
+                .where(BatchRow.batch_id == report.batch_id)
+                .values(
+                    status="completed",
+                    finished_at=report.finished_at,
+                    report_json=json.dumps(dataclasses.asdict(report)),
+                )
+            )
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        with self._session() as s:
+            row = s.get(BatchRow, batch_id)
+            if row is None:
+                return None
+            counts = dict(
+                s.execute(
+                    select(TrajectoryRow.status, func.count())
+                    .where(TrajectoryRow.batch_id == batch_id)
+                    .group_by(TrajectoryRow.status)
+                ).all()
+            )
+            return {
+                "batch_id": row.batch_id,
+                "status": row.status,
+                "policy": row.policy,
+                "source": row.source,
+                "num_trajectories": row.num_trajectories,
+                "created_at": row.created_at,
+                "finished_at": row.finished_at,
+                "trajectory_status": {str(k): int(v) for k, v in counts.items()},
+                "report": json.loads(row.report_json) if row.report_json else None,
+            }
+
+    def list_batches(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self._session() as s:
+            ids = s.scalars(
+                select(BatchRow.batch_id).order_by(BatchRow.created_at.desc()).limit(limit)
+            ).all()
+        return [b for b in (self.get_batch(i) for i in ids) if b is not None]
+
+    # ---- trajectories ----------------------------------------------------------------
+    def mark_started(self, batch_id: str, trajectory_id: str, started_at: float) -> None:
+        with self._session() as s:
+            s.execute(
+                update(TrajectoryRow)
+                .where(
+                    TrajectoryRow.key == trajectory_key(batch_id, trajectory_id),
+                    TrajectoryRow.status == "pending",
+                )
+                .values(status="running", started_at=started_at)
+            )
+
+    def record_step(self, record: StepRecord) -> None:
+        key = trajectory_key(record.batch_id, record.trajectory_id)
+        values = dataclasses.asdict(record)
+        for name in ("batch_id", "trajectory_id"):
+            values.pop(name)
+        values["observation_ref"] = values["observation_ref"] or None
+        with self._session() as s:
+            s.merge(StepRow(trajectory_key=key, **values))
+            row = s.get(TrajectoryRow, key)
+            if row is not None:
+                row.turns = max(row.turns, record.step_index + 1)
+
+    def finish_trajectory(self, summary: TrajectorySummary) -> None:
+        with self._session() as s:
+            s.execute(
+                update(TrajectoryRow)
+                .where(TrajectoryRow.key == trajectory_key(summary.batch_id, summary.trajectory_id))
+                .values(
+                    status=summary.status,
+                    finish_reason=summary.finish_reason,
+                    turns=summary.turns,
+                    generated_tokens=summary.generated_tokens,
+                    tool_calls=summary.tool_calls,
+                    reward=summary.reward,
+                    started_at=summary.started_at,
+                    finished_at=summary.finished_at,
+                    error=summary.error or None,
+                )
+            )
+
+    def trace_reward(self, batch_id: str, trajectory_id: str) -> float | None:
+        with self._session() as s:
+            return s.scalar(
+                select(TrajectoryRow.trace_reward).where(
+                    TrajectoryRow.key == trajectory_key(batch_id, trajectory_id)
+                )
+            )
+
+    def list_trajectories(
+        self, batch_id: str, *, status: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        with self._session() as s:
+            q = select(TrajectoryRow).where(TrajectoryRow.batch_id == batch_id)
+            if status:
+                q = q.where(TrajectoryRow.status == status)
+            rows = s.scalars(q.order_by(TrajectoryRow.position).limit(limit)).all()
+            return [_trajectory_dict(r) for r in rows]
+
+    def get_trajectory(self, batch_id: str, trajectory_id: str) -> dict[str, Any] | None:
+        key = trajectory_key(batch_id, trajectory_id)
+        with self._session() as s:
+            row = s.get(TrajectoryRow, key)
+            if row is None:
+                return None
+            out = _trajectory_dict(row)
+            steps = s.scalars(
+                select(StepRow).where(StepRow.trajectory_key == key).order_by(StepRow.step_index)
+            ).all()
+            out["steps"] = [
+                {c.key: getattr(st, c.key) for c in StepRow.__table__.columns if c.key != "trajectory_key"}
+                for st in steps
+            ]
+            return out
+
+    def count_steps(self, batch_id: str) -> int:
+        with self._session() as s:
+            return int(
+                s.scalar(
+                    select(func.count())
+                    .select_from(StepRow)
+                    .join(TrajectoryRow, StepRow.trajectory_key == TrajectoryRow.key)
+                    .where(TrajectoryRow.batch_id == batch_id)
+                )
+                or 0
+            )
+
+    # ---- texts -----------------------------------------------------------------------
+    def put_text(self, ref: str, content: str) -> None:
+        with self._session() as s:
+            s.merge(TextRow(ref=ref, content=content))
+
+    def get_text(self, ref: str) -> str | None:
+        with self._session() as s:
+            row = s.get(TextRow, ref)
+            return None if row is None else row.content
+
+
+def _trajectory_dict(row: TrajectoryRow) -> dict[str, Any]:
+    return {
+        c.key: getattr(row, c.key)
+        for c in TrajectoryRow.__table__.columns
+        if c.key not in ("spec_json",)
+    }

@@ -1,0 +1,1 @@
+"""Alembic migrations of the trajectory store (applied by `heddle.store.upgrade`)."""
