@@ -70,7 +70,7 @@ class TrajectoryInput:
     options: RolloutOptions = field(default_factory=RolloutOptions)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     """Where and how urgently the next LLM step runs, and why."""
 
@@ -111,7 +111,6 @@ class GenerateRequest:
     context_tokens: int
     max_new_tokens: int
     priority: int = 0
-    time_scale: float = 1.0
 
 
 @dataclass
@@ -136,7 +135,7 @@ class ToolRequest:
     status: str = "ok"
     output_tokens: int = 0
     tool_input: str | None = None
-    time_scale: float = 1.0
+    batch_id: str = ""
 
 
 @dataclass
@@ -202,6 +201,7 @@ class BatchReport:
     finished_at: float = 0.0
     policy: str = ""
     time_scale: float = 1.0
+    wall_s: float = 0.0
     failed_ids: list[str] = field(default_factory=list)
 
 
@@ -215,3 +215,26 @@ class SpecPageRequest:
     batch_id: str
     offset: int
     limit: int
+
+
+@dataclass
+class BatchStart:
+    """What the batch workflow learns from the stack that runs it."""
+
+    time_scale: float
+    instance_ids: list[str]
+
+
+@dataclass
+class TrajectoryStarted:
+    batch_id: str
+    trajectory_id: str
+    started_at: float
+
+
+@dataclass
+class RewardRequest:
+    batch_id: str
+    trajectory_id: str
+    finish_reason: str
+    last_tool_status: str | None = None

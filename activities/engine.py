@@ -1,0 +1,74 @@
+"""The LLM step activity, one worker per engine instance (task queue `engine.<id>`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio import activity
+
+from heddle import activity_names as names
+
+from engines.request import EngineRequest
+from engines.simulated import SimulatedEngine
+from heddle.types import GenerateRequest, GenerateResult
+
+HEARTBEAT_EVERY_S = 1.0
+
+
+class EngineActivities:
+    def __init__(self, *, engine: SimulatedEngine) -> None:
+        self.engine = engine
+
+    @activity.defn(name=names.GENERATE)
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate one step. A retried attempt resumes from the tokens its predecessor
+        heartbeated: those are already part of the context."""
+        info = activity.info()
+        resumed = int(info.heartbeat_details[0]) if info.heartbeat_details else 0
+        resumed = min(resumed, request.max_new_tokens)
+        made = resumed
+
+        def on_progress(tokens: int) -> None:
+            nonlocal made
+            made = resumed + tokens
+
+        async def heartbeat() -> None:
+            while True:
+                activity.heartbeat(made)
+                await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+        started = time.time()
+        if resumed >= request.max_new_tokens:
+            return GenerateResult(
+                instance_id=self.engine.instance_id,
+                output_tokens=resumed,
+                started_at=started,
+                finished_at=started,
+                attempt=info.attempt,
+                resumed_tokens=resumed,
+            )
+        beat = asyncio.create_task(heartbeat())
+        try:
+            result = await self.engine.generate(
+                EngineRequest(
+                    request_id=f"{request.request_id}#{info.attempt}",
+                    prefix_key=request.trajectory_id,
+                    context_tokens=request.context_tokens + resumed,
+                    max_new_tokens=request.max_new_tokens - resumed,
+                    priority=request.priority,
+                ),
+                on_progress,
+            )
+        finally:
+            beat.cancel()
+        return GenerateResult(
+            instance_id=self.engine.instance_id,
+            output_tokens=resumed + result.output_tokens,
+            cached_tokens=result.cached_tokens,
+            queued_s=result.queued_s,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            attempt=info.attempt,
+            resumed_tokens=resumed,
+        )

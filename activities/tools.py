@@ -1,0 +1,59 @@
+"""Tool calls (task queue `tools`): trace replay or real execution."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio import activity
+
+from heddle import activity_names as names
+
+from activities.toolkit.base import ToolRegistry, count_tokens
+from heddle.store import TrajectoryStore
+from heddle.store.db import trajectory_key
+from heddle.types import RewardRequest, ToolRequest, ToolResult
+
+
+class ToolActivities:
+    def __init__(
+        self, *, registry: ToolRegistry, store: TrajectoryStore, time_scale: float = 1.0
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.time_scale = time_scale
+
+    @activity.defn(name=names.RUN_TOOL)
+    async def run_tool(self, request: ToolRequest) -> ToolResult:
+        if request.mode == "replay":
+            # The trace's tool: same latency (in cluster time) and output size.
+            await asyncio.sleep(request.latency_s * self.time_scale)
+            return ToolResult(
+                status=request.status,
+                output_tokens=request.output_tokens,
+                latency_s=request.latency_s,
+            )
+        started = time.monotonic()
+        observation = await self.registry.call(request.tool, request.tool_input)
+        elapsed = time.monotonic() - started
+        ref = f"{trajectory_key(request.batch_id, request.trajectory_id)}/obs/{request.step_index}"
+        await asyncio.to_thread(self.store.put_text, ref, observation.text)
+        return ToolResult(
+            status=observation.status,
+            output_tokens=count_tokens(observation.text),
+            latency_s=elapsed / self.time_scale,
+            observation_ref=ref,
+            error=observation.text[:200] if observation.status != "ok" else "",
+        )
+
+    @activity.defn(name=names.REWARD)
+    async def reward(self, request: RewardRequest) -> float:
+        """The trace's reward where it has one; else 1 for a trajectory that reached a
+        final answer after a successful last tool call, 0 otherwise."""
+        recorded = await asyncio.to_thread(
+            self.store.trace_reward, request.batch_id, request.trajectory_id
+        )
+        if recorded is not None:
+            return recorded
+        ok_tool = request.last_tool_status in (None, "ok")
+        return 1.0 if request.finish_reason == "answer" and ok_tool else 0.0

@@ -1,0 +1,17 @@
+"""Activity names, shared by the activities that define them and the workflows that call
+them by name, so `workflows/` never imports the activity implementations (and their
+SQLAlchemy, engines or tools) into the deterministic sandbox."""
+
+from __future__ import annotations
+
+DECIDE = "decide"
+REPORT_STEP = "report_step"
+GENERATE = "generate"
+RUN_TOOL = "run_tool"
+REWARD = "reward"
+BEGIN_BATCH = "begin_batch"
+LOAD_SPECS = "load_specs"
+MARK_STARTED = "mark_started"
+RECORD_STEP = "record_step"
+FINISH_TRAJECTORY = "finish_trajectory"
+FINISH_BATCH = "finish_batch"

@@ -1,0 +1,346 @@
+"""The `heddle` command: thin subcommands that build objects from the library and run them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from heddle.config import ClusterConfig, load_cluster
+from heddle.errors import InputError
+
+app = typer.Typer(help="Heddle: trajectory-level scheduling for agentic RL rollout.", no_args_is_help=True)
+trajectories_app = typer.Typer(help="List and inspect trajectories.", no_args_is_help=True)
+trace_app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
+app.add_typer(trajectories_app, name="trajectories")
+app.add_typer(trace_app, name="trace")
+console = Console()
+err = Console(stderr=True)
+
+StateDir = Annotated[Path, typer.Option(help="Where the embedded stack keeps its state.")]
+Address = Annotated[str | None, typer.Option(help="HOST:PORT of a running Temporal server.")]
+StoreOpt = Annotated[
+    str | None, typer.Option("--store", help="Trajectory store URL (default: STATE_DIR/store.db).")
+]
+ClusterOpt = Annotated[Path | None, typer.Option(help="Cluster YAML (model, gpu, num_gpus, ...).")]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=2)
+
+
+def _cluster(path: Path | None) -> ClusterConfig:
+    return ClusterConfig() if path is None else load_cluster(path)
+
+
+def _store_url(store: str | None, state_dir: Path) -> str:
+    return store or os.environ.get("HEDDLE_STORE_URL") or f"sqlite:///{(state_dir / 'store.db').resolve()}"
+
+
+@contextlib.asynccontextmanager
+async def _stack_or_address(
+    address: str | None, state_dir: Path, cluster: ClusterConfig, time_scale: float, headless: bool
+) -> AsyncIterator[tuple[str, str | None]]:
+    """Connect to `address`, or run the embedded stack for the duration."""
+    if address:
+        yield address, None
+        return
+    from heddle.stack import EmbeddedStack
+
+    stack = EmbeddedStack(
+        state_dir=state_dir, cluster=cluster, time_scale=time_scale, headless=headless
+    )
+    with console.status("starting the embedded stack (Temporal dev server, worker, engines)"):
+        await stack.start()
+    try:
+        yield stack.address, stack.ui_url
+    finally:
+        stack.stop()
+
+
+# ---- heddle dev --------------------------------------------------------------------------
+@app.command()
+def dev(
+    state_dir: StateDir = Path(".heddle"),
+    cluster: ClusterOpt = None,
+    port: int = 7233,
+    ui_port: int = 8233,
+    time_scale: Annotated[float, typer.Option(help="Wall seconds per simulated second.")] = 1.0,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    headless: bool = False,
+) -> None:
+    """Run the embedded stack until Ctrl-C: Temporal dev server, workers, simulated engines."""
+    from heddle.stack import EmbeddedStack
+
+    try:
+        cfg = _cluster(cluster)
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+    stack = EmbeddedStack(
+        state_dir=state_dir, port=port, ui_port=ui_port, cluster=cfg, time_scale=time_scale,
+        headless=headless, num_workers=workers,
+    )
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stack.start()
+        console.print(f"Temporal at [bold]{stack.address}[/]  (namespace default)")
+        if stack.ui_url:
+            console.print(f"Web UI at   [bold]{stack.ui_url}[/]")
+        console.print(
+            f"{len(cfg.instance_ids())} simulated {cfg.model} TP{cfg.default_tp} instances on "
+            f"{cfg.gpu}; store {stack.store_url}; logs in {state_dir}/. Ctrl-C stops everything."
+        )
+        while not stop.is_set():
+            stack.check_alive()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    try:
+        asyncio.run(serve())
+    except RuntimeError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        stack.stop()
+        console.print("stack stopped")
+
+
+# ---- heddle worker -----------------------------------------------------------------------
+@app.command()
+def worker(
+    address: Annotated[str, typer.Option(help="HOST:PORT of the Temporal server.")] = "127.0.0.1:7233",
+    store: StoreOpt = None,
+    cluster: ClusterOpt = None,
+    cluster_json: Annotated[str | None, typer.Option(hidden=True)] = None,
+    time_scale: float = 1.0,
+    queue_prefix: str = "",
+    engine_policy: Annotated[str, typer.Option(help="fcfs or priority")] = "fcfs",
+    state_dir: StateDir = Path(".heddle"),
+) -> None:
+    """Run one worker process: workflows, activities, tools and simulated engines."""
+    from heddle.worker import WorkerOptions, run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        cfg = (
+            ClusterConfig.model_validate_json(cluster_json) if cluster_json else _cluster(cluster)
+        )
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+    opts = WorkerOptions(
+        address=address, store_url=_store_url(store, state_dir), cluster=cfg,
+        time_scale=time_scale, queue_prefix=queue_prefix, engine_policy=engine_policy,
+    )
+    asyncio.run(run_worker(opts))
+
+
+# ---- heddle rollout ----------------------------------------------------------------------
+def _report_table(report: dict[str, Any], ui_url: str | None) -> Table:
+    table = Table(title=f"rollout {report['batch_id']}", show_header=False)
+    rows = [
+        ("policy", report["policy"]),
+        ("trajectories", f"{report['trajectories']} ({report['completed']} completed, {report['failed']} failed)"),
+        ("generated tokens", f"{report['generated_tokens']:,}"),
+        ("makespan", f"{report['makespan_s']:.1f} s (cluster time; wall {report['wall_s']:.1f} s at time scale {report['time_scale']:g})"),
+        ("throughput", f"{report['throughput_tok_s']:,.0f} tokens/s"),
+        ("completion p50/p90/p99/max", " / ".join(f"{report['completion_s'][k]:.1f}" for k in ("p50", "p90", "p99", "max")) + " s"),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    if ui_url:
+        table.add_row("Temporal UI", f"{ui_url}/namespaces/default/workflows?query=HeddleBatch%3D%22{report['batch_id']}%22")
+    return table
+
+
+@app.command()
+def rollout(
+    trace: Annotated[Path, typer.Option(help="Trace file (JSON Lines).")],
+    cluster: ClusterOpt = None,
+    address: Address = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+    policy: str = "least_loaded",
+    tools: Annotated[str, typer.Option(help="replay the trace's tools, or run them for real")] = "replay",
+    time_scale: Annotated[float, typer.Option(help="Wall seconds per simulated second (embedded stack).")] = 1.0,
+    max_in_flight: int = 4096,
+    max_turns: int = 64,
+    max_tokens: int = 65536,
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
+    headless: Annotated[bool, typer.Option(help="Embedded stack without the Web UI.")] = False,
+    quiet: bool = False,
+) -> None:
+    """Run a rollout batch from a trace and print its report."""
+    from heddle.client import HeddleClient, validate_options
+    from heddle.trace import load_trace
+    from heddle.types import RolloutOptions
+
+    # Everything the user gave is checked before anything starts.
+    try:
+        records = load_trace(trace)
+        cfg = _cluster(cluster)
+        options = RolloutOptions(
+            policy=policy, tools=tools, max_turns=max_turns, max_tokens=max_tokens,
+            max_in_flight=max_in_flight, time_scale=time_scale,
+        )
+        validate_options(options)
+    except (InputError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+
+    async def run() -> dict[str, Any]:
+        async with _stack_or_address(address, state_dir, cfg, time_scale, headless) as (addr, ui):
+            client = await HeddleClient.connect(addr, store_url=_store_url(store, state_dir))
+            async with client:
+                handle = await client.start_rollout(records=records, options=options)
+                report = await _follow(handle, len(records), quiet)
+            out = dataclasses.asdict(report)
+            console.print(_report_table(out, ui or (None if address else "http://127.0.0.1:8233")))
+            return out
+
+    report = asyncio.run(run())
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"report written to {json_out}")
+    if not address:
+        console.print(
+            "The stack has stopped; its state is kept. `heddle dev` brings it back with the "
+            "Web UI at http://127.0.0.1:8233 and `temporal workflow list` shows every trajectory."
+        )
+
+
+async def _follow(handle: Any, total: int, quiet: bool) -> Any:
+    result = asyncio.ensure_future(handle.report())
+    if quiet:
+        return await result
+    started = time.monotonic()
+    columns = (
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[running]} running"), TextColumn("{task.fields[rate]} tok/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(handle.batch_id, total=total, running=0, rate=0)
+        while not result.done():
+            with contextlib.suppress(Exception):
+                p = await handle.progress()
+                rate = p["generated_tokens"] / max(time.monotonic() - started, 1e-9)
+                bar.update(
+                    task, completed=p["completed"] + p["failed"], running=p["running"],
+                    rate=f"{rate:,.0f}",
+                )
+            await asyncio.wait([result], timeout=0.5)
+        bar.update(task, completed=total, running=0)
+    return await result
+
+
+# ---- trajectories and batches ------------------------------------------------------------
+@app.command()
+def batches(state_dir: StateDir = Path(".heddle"), store: StoreOpt = None) -> None:
+    """List rollout batches in the store."""
+    from heddle.store import TrajectoryStore
+
+    st = TrajectoryStore.open(_store_url(store, state_dir))
+    table = Table("batch", "status", "policy", "trajectories", "by status", "throughput tok/s")
+    for b in st.list_batches():
+        rep = b["report"] or {}
+        table.add_row(
+            b["batch_id"], b["status"], b["policy"], str(b["num_trajectories"]),
+            json.dumps(b["trajectory_status"]), f"{rep.get('throughput_tok_s', 0):,.0f}",
+        )
+    console.print(table)
+
+
+@trajectories_app.command("list")
+def trajectories_list(
+    batch: str, status: str | None = None, state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None, limit: int = 1000,
+) -> None:
+    """List a batch's trajectories (status, turns, tokens, times)."""
+    from heddle.store import TrajectoryStore
+
+    st = TrajectoryStore.open(_store_url(store, state_dir))
+    table = Table("trajectory", "group", "status", "reason", "turns", "tokens", "tools", "reward", "seconds")
+    for t in st.list_trajectories(batch, status=status, limit=limit):
+        secs = (t["finished_at"] or 0) - (t["started_at"] or 0) if t["finished_at"] else 0
+        table.add_row(
+            t["trajectory_id"], t["group_id"], t["status"], t["finish_reason"] or "",
+            str(t["turns"]), str(t["generated_tokens"]), str(t["tool_calls"]),
+            "" if t["reward"] is None else f"{t['reward']:g}", f"{secs:.1f}",
+        )
+    console.print(table)
+
+
+@trajectories_app.command("show")
+def trajectories_show(
+    batch: str, trajectory: str, state_dir: StateDir = Path(".heddle"), store: StoreOpt = None,
+) -> None:
+    """One trajectory with its steps, as JSON."""
+    from heddle.store import TrajectoryStore
+
+    st = TrajectoryStore.open(_store_url(store, state_dir))
+    record = st.get_trajectory(batch, trajectory)
+    if record is None:
+        raise _fail(f"no trajectory {trajectory!r} in batch {batch!r}")
+    console.print_json(json.dumps(record))
+
+
+# ---- traces ------------------------------------------------------------------------------
+@trace_app.command("gen")
+def trace_gen(
+    workload: Annotated[str, typer.Option(help="coding, search or math")],
+    prompts: int = 4,
+    samples: int = 16,
+    seed: int = 0,
+    iteration: int = 0,
+    out: Annotated[Path, typer.Option(help="Trace file to write.")] = Path("trace.jsonl"),
+) -> None:
+    """Write a synthetic trace of PROMPTS GRPO groups of SAMPLES trajectories."""
+    from heddle.trace import dump_record
+    from heddle.workloads import generate
+
+    try:
+        records = generate(workload, prompts=prompts, samples=samples, seed=seed, iteration=iteration)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    with out.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(dump_record(r), separators=(",", ":")) + "\n")
+    tokens = sum(r.spec.generated_tokens for r in records)
+    console.print(f"wrote {len(records)} trajectories, {tokens:,} tokens to generate, to {out}")
+
+
+@trace_app.command("validate")
+def trace_validate(path: Path) -> None:
+    """Check a trace; print the first error with its file, line and field."""
+    from heddle.trace import load_trace
+
+    try:
+        records = load_trace(path)
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"{path}: {len(records)} trajectories, valid")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

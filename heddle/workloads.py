@@ -1,0 +1,95 @@
+"""Synthetic agentic workloads, written as traces.
+
+The shape follows the paper's observations (REFERENCES.md): long-tailed lengths, wide
+variance inside a GRPO group (a failed tool call triggers further fix turns), and tool
+latencies per workload. Calibration against published distributions is the simulator
+issue's work; the parameters here are the starting point and are all named below.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from heddle.trace import TraceRecord
+from heddle.types import StepSpec, TrajectorySpec
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    tool: str
+    tool_latency_mean_s: float
+    prompt_tokens: tuple[int, int]
+    output_tokens_median: float
+    output_sigma: float  # lognormal sigma of one turn's output
+    tool_output_tokens: tuple[int, int]
+    error_rate: float  # chance a tool call fails and forces a fix turn
+    base_turns: tuple[int, int]
+    max_turns: int = 24
+    max_tokens: int = 40_000
+
+
+WORKLOADS: dict[str, WorkloadShape] = {
+    "coding": WorkloadShape("python", 0.45, (300, 1500), 450, 0.9, (20, 400), 0.35, (1, 4)),
+    "search": WorkloadShape("search", 1.4, (100, 400), 180, 0.7, (200, 1200), 0.10, (1, 5)),
+    "math": WorkloadShape("calculator", 0.05, (80, 400), 380, 0.9, (5, 60), 0.15, (1, 4)),
+}
+
+
+def _trajectory(
+    rng: random.Random, shape: WorkloadShape, tid: str, gid: str, workload: str,
+    prompt_tokens: int, difficulty: float,
+) -> TraceRecord:
+    turns = rng.randint(*shape.base_turns)
+    steps: list[StepSpec] = []
+    total = 0
+    i = 0
+    while True:
+        out = int(rng.lognormvariate(0, shape.output_sigma) * shape.output_tokens_median * difficulty)
+        out = max(8, min(out, shape.max_tokens - total))
+        total += out
+        last = i + 1 >= turns or i + 1 >= shape.max_turns or total >= shape.max_tokens - 8
+        if last:
+            steps.append(StepSpec(output_tokens=out))
+            break
+        failed = rng.random() < shape.error_rate * difficulty
+        if failed:
+            turns += 1  # the model tries to fix what failed
+        status = "error" if failed else ("timeout" if rng.random() < 0.02 else "ok")
+        steps.append(
+            StepSpec(
+                output_tokens=out,
+                tool=shape.tool,
+                tool_latency_s=round(rng.expovariate(1 / shape.tool_latency_mean_s), 4),
+                tool_status=status,
+                tool_output_tokens=rng.randint(*shape.tool_output_tokens),
+            )
+        )
+        i += 1
+    spec = TrajectorySpec(
+        trajectory_id=tid, group_id=gid, prompt_tokens=prompt_tokens, steps=tuple(steps),
+        workload=workload,
+    )
+    return TraceRecord(spec=spec)
+
+
+def generate(
+    workload: str, *, prompts: int, samples: int = 16, seed: int = 0, iteration: int = 0
+) -> list[TraceRecord]:
+    """A trace of `prompts` GRPO groups of `samples` trajectories each."""
+    try:
+        shape = WORKLOADS[workload]
+    except KeyError:
+        raise ValueError(f"unknown workload {workload!r}; valid: {sorted(WORKLOADS)}") from None
+    rng = random.Random(f"{workload}:{seed}:{iteration}")
+    records = []
+    for p in range(prompts):
+        gid = f"it{iteration}-p{p}"
+        prompt_tokens = rng.randint(*shape.prompt_tokens)
+        # Prompt difficulty is shared by the group; samples still diverge widely.
+        difficulty = rng.lognormvariate(0, 0.5)
+        for s in range(samples):
+            records.append(
+                _trajectory(rng, shape, f"{gid}-s{s}", gid, workload, prompt_tokens, difficulty)
+            )
+    return records

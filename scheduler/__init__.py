@@ -1,0 +1,1 @@
+"""The policy core: pure functions of state and time that return decisions."""

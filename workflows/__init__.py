@@ -1,0 +1,1 @@
+"""Temporal workflows: orchestration only, deterministic, no I/O and no heavy imports."""

@@ -1,0 +1,30 @@
+"""Timeouts and retry policies of the activities the workflows call, in one place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+STORE_TIMEOUT = timedelta(seconds=30)
+DECIDE_TIMEOUT = timedelta(seconds=10)
+# A step may wait long in an engine's queue behind others; progress is heartbeated.
+GENERATE_TIMEOUT = timedelta(hours=2)
+GENERATE_HEARTBEAT = timedelta(seconds=10)
+TOOL_TIMEOUT = timedelta(minutes=5)
+
+
+def retry(max_attempts: int) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=10),
+        maximum_attempts=max_attempts,
+    )
+
+
+# Store writes are idempotent; keep trying for a while before giving up.
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5),
+    maximum_attempts=20,
+)

@@ -1,0 +1,203 @@
+"""One trajectory: LLM step, tool call, observation, repeated until an answer or a limit."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from heddle import activity_names as names
+    from heddle import search_attributes as sa
+    from heddle.queues import engine_queue, tools_queue
+    from heddle.types import (
+        DecideRequest,
+        Decision,
+        GenerateResult,
+        GenerateRequest,
+        RewardRequest,
+        StepRecord,
+        StepReport,
+        ToolRequest,
+        ToolResult,
+        TrajectoryInput,
+        TrajectoryStarted,
+        TrajectorySummary,
+    )
+    from workflows import policy
+
+
+@workflow.defn(name="TrajectoryWorkflow")
+class TrajectoryWorkflow:
+    def __init__(self) -> None:
+        self._turn = 0
+        self._generated = 0
+        self._instance = ""
+
+    @workflow.query
+    def progress(self) -> dict[str, int | str]:
+        return {"turn": self._turn, "generated_tokens": self._generated, "instance": self._instance}
+
+    @workflow.run
+    async def run(self, inp: TrajectoryInput) -> TrajectorySummary:
+        spec, opts = inp.spec, inp.options
+        started_at = workflow.now().timestamp()
+        await workflow.execute_local_activity(
+            names.MARK_STARTED,
+            TrajectoryStarted(inp.batch_id, spec.trajectory_id, started_at),
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+        )
+        context = spec.prompt_tokens
+        tool_calls = 0
+        finish_reason = "answer"
+        last_tool_status: str | None = None
+        error = ""
+        try:
+            for index, step in enumerate(spec.steps):
+                if index >= opts.max_turns:
+                    finish_reason = "turn_limit"
+                    break
+                budget = opts.max_tokens - self._generated
+                new_tokens = min(step.output_tokens, budget)
+                decision = await workflow.execute_local_activity(
+                    names.DECIDE,
+                    DecideRequest(
+                        trajectory_id=spec.trajectory_id,
+                        group_id=spec.group_id,
+                        step_index=index,
+                        context_tokens=context,
+                        generated_tokens=self._generated,
+                        policy=opts.policy,
+                        queue_prefix=opts.queue_prefix,
+                    ),
+                    result_type=Decision,
+                    start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                )
+                self._turn, self._instance = index + 1, decision.instance_id
+                workflow.upsert_search_attributes(
+                    [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(decision.instance_id)]
+                )
+                try:
+                    generated = await workflow.execute_activity(
+                        names.GENERATE,
+                        GenerateRequest(
+                            request_id=f"{inp.batch_id}/{spec.trajectory_id}/{index}",
+                            trajectory_id=spec.trajectory_id,
+                            step_index=index,
+                            context_tokens=context,
+                            max_new_tokens=new_tokens,
+                            priority=decision.priority,
+                        ),
+                        task_queue=engine_queue(decision.instance_id, opts.queue_prefix),
+                        start_to_close_timeout=policy.GENERATE_TIMEOUT,
+                        heartbeat_timeout=policy.GENERATE_HEARTBEAT,
+                        retry_policy=policy.retry(opts.max_attempts),
+                        result_type=GenerateResult,
+                    )
+                finally:
+                    await workflow.execute_local_activity(
+                        names.REPORT_STEP,
+                        StepReport(spec.trajectory_id, decision.instance_id, index, new_tokens),
+                        start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                    )
+                self._generated += generated.output_tokens
+                context += generated.output_tokens
+                record = StepRecord(
+                    batch_id=inp.batch_id,
+                    trajectory_id=spec.trajectory_id,
+                    step_index=index,
+                    instance_id=generated.instance_id,
+                    context_tokens=context - generated.output_tokens,
+                    output_tokens=generated.output_tokens,
+                    cached_tokens=generated.cached_tokens,
+                    queued_s=generated.queued_s,
+                    gen_started_at=generated.started_at,
+                    gen_finished_at=generated.finished_at,
+                )
+                if new_tokens < step.output_tokens:
+                    finish_reason = "token_limit"
+                    await self._record(record)
+                    break
+                if step.tool is not None:
+                    tool = await workflow.execute_activity(
+                        names.RUN_TOOL,
+                        ToolRequest(
+                            trajectory_id=spec.trajectory_id,
+                            step_index=index,
+                            tool=step.tool,
+                            mode=opts.tools,
+                            latency_s=step.tool_latency_s,
+                            status=step.tool_status,
+                            output_tokens=step.tool_output_tokens,
+                            tool_input=step.tool_input,
+                            batch_id=inp.batch_id,
+                        ),
+                        task_queue=tools_queue(opts.queue_prefix),
+                        start_to_close_timeout=policy.TOOL_TIMEOUT,
+                        retry_policy=policy.retry(opts.max_attempts),
+                        result_type=ToolResult,
+                    )
+                    tool_calls += 1
+                    last_tool_status = tool.status
+                    context += tool.output_tokens
+                    record.tool = step.tool
+                    record.tool_status = tool.status
+                    record.tool_output_tokens = tool.output_tokens
+                    record.tool_latency_s = tool.latency_s
+                    record.observation_ref = tool.observation_ref
+                await self._record(record)
+        except ActivityError as exc:
+            finish_reason = "error"
+            cause = exc.cause if exc.cause is not None else exc
+            error = f"{type(cause).__name__}: {cause}"[:500]
+            workflow.logger.warning(
+                "trajectory failed", extra={"trajectory_id": spec.trajectory_id, "error": error}
+            )
+
+        status = "failed" if finish_reason == "error" else "completed"
+        reward = 0.0
+        if status == "completed":
+            reward = await workflow.execute_activity(
+                names.REWARD,
+                RewardRequest(inp.batch_id, spec.trajectory_id, finish_reason, last_tool_status),
+                task_queue=tools_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.STORE_TIMEOUT,
+                retry_policy=policy.STORE_RETRY,
+                result_type=float,
+            )
+        summary = TrajectorySummary(
+            batch_id=inp.batch_id,
+            trajectory_id=spec.trajectory_id,
+            group_id=spec.group_id,
+            status=status,
+            finish_reason=finish_reason,
+            turns=self._turn,
+            generated_tokens=self._generated,
+            tool_calls=tool_calls,
+            reward=reward,
+            started_at=started_at,
+            finished_at=workflow.now().timestamp(),
+            error=error,
+        )
+        await workflow.execute_local_activity(
+            names.FINISH_TRAJECTORY,
+            summary,
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+        )
+        workflow.upsert_search_attributes(
+            [sa.STATUS.value_set(status), sa.GENERATED.value_set(self._generated)]
+        )
+        workflow.set_current_details(
+            f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
+        )
+        return summary
+
+    async def _record(self, record: StepRecord) -> None:
+        await workflow.execute_local_activity(
+            names.RECORD_STEP,
+            record,
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+        )
+        workflow.upsert_search_attributes([sa.GENERATED.value_set(self._generated)])
