@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from temporalio import activity
 
 from heddle import activity_names as names
 
+from activities.heartbeat import heartbeating
 from engines.request import EngineRequest
 from engines.simulated import SimulatedEngine
 from heddle.types import GenerateRequest, GenerateResult
-
-HEARTBEAT_EVERY_S = 1.0
-
 
 class EngineActivities:
     def __init__(self, *, engine: SimulatedEngine) -> None:
@@ -33,11 +30,6 @@ class EngineActivities:
             nonlocal made
             made = resumed + tokens
 
-        async def heartbeat() -> None:
-            while True:
-                activity.heartbeat(made)
-                await asyncio.sleep(HEARTBEAT_EVERY_S)
-
         started = time.time()
         if resumed >= request.max_new_tokens:
             return GenerateResult(
@@ -48,8 +40,7 @@ class EngineActivities:
                 attempt=info.attempt,
                 resumed_tokens=resumed,
             )
-        beat = asyncio.create_task(heartbeat())
-        try:
+        async with heartbeating(lambda: made):
             result = await self.engine.generate(
                 EngineRequest(
                     request_id=f"{request.request_id}#{info.attempt}",
@@ -60,8 +51,6 @@ class EngineActivities:
                 ),
                 on_progress,
             )
-        finally:
-            beat.cancel()
         return GenerateResult(
             instance_id=self.engine.instance_id,
             output_tokens=resumed + result.output_tokens,

@@ -9,6 +9,7 @@ from temporalio import activity
 
 from heddle import activity_names as names
 
+from activities.heartbeat import heartbeating
 from activities.toolkit.base import ToolRegistry, count_tokens
 from heddle.store import TrajectoryStore
 from heddle.store.db import trajectory_key
@@ -25,6 +26,10 @@ class ToolActivities:
 
     @activity.defn(name=names.RUN_TOOL)
     async def run_tool(self, request: ToolRequest) -> ToolResult:
+        async with heartbeating():
+            return await self._run_tool(request)
+
+    async def _run_tool(self, request: ToolRequest) -> ToolResult:
         if request.mode == "replay":
             # The trace's tool: same latency (in cluster time) and output size.
             await asyncio.sleep(request.latency_s * self.time_scale)

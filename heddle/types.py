@@ -167,6 +167,9 @@ class StepRecord:
     tool_output_tokens: int = 0
     tool_latency_s: float = 0.0
     observation_ref: str = ""
+    # Attempt of the LLM step that succeeded, and tokens it took over from earlier attempts.
+    attempt: int = 1
+    resumed_tokens: int = 0
 
 
 @dataclass

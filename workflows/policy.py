@@ -12,6 +12,7 @@ DECIDE_TIMEOUT = timedelta(seconds=10)
 GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 TOOL_TIMEOUT = timedelta(minutes=5)
+TOOL_HEARTBEAT = timedelta(seconds=10)
 
 
 def retry(max_attempts: int) -> RetryPolicy:

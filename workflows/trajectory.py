@@ -113,6 +113,8 @@ class TrajectoryWorkflow:
                     queued_s=generated.queued_s,
                     gen_started_at=generated.started_at,
                     gen_finished_at=generated.finished_at,
+                    attempt=generated.attempt,
+                    resumed_tokens=generated.resumed_tokens,
                 )
                 if new_tokens < step.output_tokens:
                     finish_reason = "token_limit"
@@ -134,6 +136,7 @@ class TrajectoryWorkflow:
                         ),
                         task_queue=tools_queue(opts.queue_prefix),
                         start_to_close_timeout=policy.TOOL_TIMEOUT,
+                        heartbeat_timeout=policy.TOOL_HEARTBEAT,
                         retry_policy=policy.retry(opts.max_attempts),
                         result_type=ToolResult,
                     )

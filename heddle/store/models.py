@@ -68,7 +68,8 @@ class StepRow(Base):
     tool_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     tool_latency_s: Mapped[float] = mapped_column(Float, default=0.0)
     observation_ref: Mapped[str | None] = mapped_column(String(340), nullable=True)
-    text_ref: Mapped[str | None] = mapped_column(String(340), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    resumed_tokens: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class TextRow(Base):

@@ -1,0 +1,60 @@
+"""Helpers for tests that run rollouts against the session's Temporal server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from heddle.config import ClusterConfig
+from heddle.worker import WorkerOptions, run_worker
+
+SMALL_CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_tp=1)
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(
+    address: str, store_url: str, prefix: str, *, time_scale: float = 0.05,
+    cluster: ClusterConfig = SMALL_CLUSTER,
+) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_worker(
+            WorkerOptions(
+                address=address, store_url=store_url, cluster=cluster,
+                time_scale=time_scale, queue_prefix=prefix,
+            ),
+            stop,
+        )
+    )
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def worker_process(
+    address: str, store_url: str, prefix: str, log: Path, *, time_scale: float,
+    cluster: ClusterConfig = SMALL_CLUSTER,
+) -> subprocess.Popen[bytes]:
+    """A worker in its own process, as `heddle worker` runs it."""
+    argv = [
+        sys.executable, "-m", "heddle.cli", "worker", "--address", address, "--store", store_url,
+        "--cluster-json", json.dumps(cluster.model_dump(mode="json")),
+        "--time-scale", str(time_scale), "--queue-prefix", prefix,
+    ]  # fmt: skip
+    with open(log, "ab") as fh:
+        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    proc.wait(30)

@@ -1,0 +1,109 @@
+"""A rollout batch end to end on the real Temporal dev server, simulated engines, SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio.client import Client
+
+from heddle.client import HeddleClient
+from heddle.types import RolloutOptions
+from heddle.workloads import generate
+from tests.live import in_process_worker
+
+
+async def count_workflows(client: Client, query: str, expected: int, timeout_s: float = 20) -> int:
+    """Visibility is eventually consistent: poll until the count settles on `expected`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = (await client.count_workflows(query)).count
+        if n == expected or time.monotonic() > deadline:
+            return n
+        await asyncio.sleep(0.3)
+
+
+def test_batch_of_64_completes_with_every_trajectory_recorded(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    records = generate("coding", prompts=4, samples=16, seed=7)
+    expected_tokens = sum(r.spec.generated_tokens for r in records)
+    expected_steps = {r.spec.trajectory_id: len(r.spec.steps) for r in records}
+
+    async def run() -> None:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.03):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            handle = await client.start_rollout(records=records, options=RolloutOptions())
+            report = await asyncio.wait_for(handle.report(), 240)
+
+            assert report.trajectories == 64
+            assert report.completed == 64 and report.failed == 0
+            assert report.generated_tokens == expected_tokens
+            assert report.makespan_s > 0 and report.throughput_tok_s > 0
+            assert report.completion_s["max"] <= report.makespan_s + 1e-6
+
+            rows = await client.list_trajectories(handle.batch_id)
+            assert len(rows) == 64
+            assert {r["status"] for r in rows} == {"completed"}
+            by_id = {r.spec.trajectory_id: r.spec for r in records}
+            for row in rows:
+                spec = by_id[row["trajectory_id"]]
+                assert row["generated_tokens"] == spec.generated_tokens
+                assert row["turns"] == len(spec.steps)
+                assert row["tool_calls"] == len(spec.steps) - 1
+            assert client.store.count_steps(handle.batch_id) == sum(expected_steps.values())
+
+            one = await client.inspect_trajectory(handle.batch_id, records[0].spec.trajectory_id)
+            assert one is not None and one["workflow"]["status"] == "COMPLETED"
+            spec0 = records[0].spec
+            assert [s["output_tokens"] for s in one["steps"]] == [s.output_tokens for s in spec0.steps]
+            # A later turn of the same trajectory on the same instance finds its prefix cached.
+            for prev, step in zip(one["steps"], one["steps"][1:], strict=False):
+                if step["instance_id"] == prev["instance_id"]:
+                    assert step["cached_tokens"] > 0
+
+            batch = client.store.get_batch(handle.batch_id)
+            assert batch is not None and batch["status"] == "completed"
+            assert batch["report"]["generated_tokens"] == expected_tokens
+
+            n = await count_workflows(
+                client.temporal,
+                f'HeddleBatch="{handle.batch_id}" AND WorkflowType="TrajectoryWorkflow"',
+                64,
+            )
+            assert n == 64
+            done = await count_workflows(
+                client.temporal, f'HeddleBatch="{handle.batch_id}" AND HeddleStatus="completed"', 64
+            )
+            assert done == 64
+
+    asyncio.run(run())
+
+
+def test_turn_and_token_limits_end_a_trajectory(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    records = generate("math", prompts=1, samples=8, seed=3)
+
+    async def run() -> None:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            opts = RolloutOptions(max_turns=1, max_tokens=100)
+            report = await (await client.start_rollout(records=records, options=opts)).report()
+            rows = await client.list_trajectories(report.batch_id)
+            for row, rec in zip(rows, records, strict=True):
+                assert row["turns"] == 1
+                assert row["generated_tokens"] == min(100, rec.spec.steps[0].output_tokens)
+                if rec.spec.steps[0].output_tokens > 100:
+                    assert row["finish_reason"] == "token_limit"
+                elif len(rec.spec.steps) > 1:
+                    assert row["finish_reason"] == "turn_limit"
+                else:
+                    assert row["finish_reason"] == "answer"
+            assert report.generated_tokens == sum(r["generated_tokens"] for r in rows)
+
+    asyncio.run(run())
