@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from heddle import activity_names as names
 
@@ -35,7 +36,10 @@ class StoreActivities:
     @activity.defn(name=names.BEGIN_BATCH)
     async def begin_batch(self, batch_id: str) -> BatchStart:
         if await asyncio.to_thread(self.store.get_batch, batch_id) is None:
-            raise ValueError(f"batch {batch_id!r} is not in the store {self.store.url}")
+            # Retrying cannot help: the client wrote the batch to another store.
+            raise ApplicationError(
+                f"batch {batch_id!r} is not in the store {self.store.url}", non_retryable=True
+            )
         return BatchStart(time_scale=self.time_scale, instance_ids=list(self.instance_ids))
 
     @activity.defn(name=names.LOAD_SPECS)

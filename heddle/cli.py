@@ -54,7 +54,8 @@ def _store_url(store: str | None, state_dir: Path) -> str:
 
 @contextlib.asynccontextmanager
 async def _stack_or_address(
-    address: str | None, state_dir: Path, cluster: ClusterConfig, time_scale: float, headless: bool
+    address: str | None, state_dir: Path, cluster: ClusterConfig, time_scale: float,
+    headless: bool, port: int, ui_port: int, store_url: str,
 ) -> AsyncIterator[tuple[str, str | None]]:
     """Connect to `address`, or run the embedded stack for the duration."""
     if address:
@@ -63,7 +64,8 @@ async def _stack_or_address(
     from heddle.stack import EmbeddedStack
 
     stack = EmbeddedStack(
-        state_dir=state_dir, cluster=cluster, time_scale=time_scale, headless=headless
+        state_dir=state_dir, cluster=cluster, time_scale=time_scale, headless=headless,
+        port=port, ui_port=ui_port, store_url=store_url,
     )
     with console.status("starting the embedded stack (Temporal dev server, worker, engines)"):
         await stack.start()
@@ -83,6 +85,7 @@ def dev(
     time_scale: Annotated[float, typer.Option(help="Wall seconds per simulated second.")] = 1.0,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     headless: bool = False,
+    store: StoreOpt = None,
 ) -> None:
     """Run the embedded stack until Ctrl-C: Temporal dev server, workers, simulated engines."""
     from heddle.stack import EmbeddedStack
@@ -93,7 +96,7 @@ def dev(
         raise _fail(str(exc)) from None
     stack = EmbeddedStack(
         state_dir=state_dir, port=port, ui_port=ui_port, cluster=cfg, time_scale=time_scale,
-        headless=headless, num_workers=workers,
+        headless=headless, num_workers=workers, store_url=_store_url(store, state_dir),
     )
 
     async def serve() -> None:
@@ -185,6 +188,9 @@ def rollout(
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
     headless: Annotated[bool, typer.Option(help="Embedded stack without the Web UI.")] = False,
+    port: Annotated[int, typer.Option(help="Embedded stack's Temporal port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Embedded stack's Web UI port.")] = 8233,
+    queue_prefix: Annotated[str, typer.Option(help="Task-queue prefix of the workers.")] = "",
     quiet: bool = False,
 ) -> None:
     """Run a rollout batch from a trace and print its report."""
@@ -205,13 +211,15 @@ def rollout(
         raise _fail(str(exc)) from None
 
     async def run() -> dict[str, Any]:
-        async with _stack_or_address(address, state_dir, cfg, time_scale, headless) as (addr, ui):
-            client = await HeddleClient.connect(addr, store_url=_store_url(store, state_dir))
+        url = _store_url(store, state_dir)
+        stack = _stack_or_address(address, state_dir, cfg, time_scale, headless, port, ui_port, url)
+        async with stack as (addr, ui):
+            client = await HeddleClient.connect(addr, store_url=url, queue_prefix=queue_prefix)
             async with client:
                 handle = await client.start_rollout(records=records, options=options)
                 report = await _follow(handle, len(records), quiet)
             out = dataclasses.asdict(report)
-            console.print(_report_table(out, ui or (None if address else "http://127.0.0.1:8233")))
+            console.print(_report_table(out, ui))
             return out
 
     report = asyncio.run(run())
@@ -220,8 +228,9 @@ def rollout(
         console.print(f"report written to {json_out}")
     if not address:
         console.print(
-            "The stack has stopped; its state is kept. `heddle dev` brings it back with the "
-            "Web UI at http://127.0.0.1:8233 and `temporal workflow list` shows every trajectory."
+            f"The stack has stopped; its state is kept in {state_dir}/. `heddle dev "
+            f"--state-dir {state_dir}` brings it back with the Web UI, and `temporal workflow "
+            f"list` then shows every trajectory."
         )
 
 

@@ -61,7 +61,8 @@ class PythonSandbox:
 
     def _limits(self) -> None:  # runs in the child between fork and exec
         os.setsid()
-        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
+        # SIGXCPU at the soft limit (reported as such), SIGKILL a second later.
+        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.max_file_bytes, self.max_file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -1,0 +1,150 @@
+"""The `heddle` command as a user runs it: bad input refused before anything starts, the
+embedded stack runs a rollout, `heddle dev` stops every child and restarts on its state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from heddle.stack import free_port, port_in_use
+from heddle.workloads import generate
+from tests.factories import traj, write_records, write_trace
+from tests.live import in_process_worker
+
+HEDDLE = [sys.executable, "-m", "heddle.cli"]
+
+
+def heddle(*args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*HEDDLE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env=os.environ | {"COLUMNS": "200"},
+    )
+
+
+def test_malformed_trace_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    good = traj("a", [{"output_tokens": 3}])
+    bad = traj("b", [{"output_tokens": 3, "tool": "python"}, {"output_tokens": 1}])
+    path = write_trace(tmp_path / "bad.jsonl", [good, bad])
+    state = tmp_path / "state"
+    result = heddle("rollout", "--trace", str(path), "--state-dir", str(state), "--headless")
+    assert result.returncode == 2
+    assert f"{path}:2: field 'steps[0].tool_latency_s'" in result.stderr.replace("\n", "")
+    assert not state.exists()  # no server, no store: nothing half-started
+
+
+def test_bad_cluster_and_policy_are_refused(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=2))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("model: qwen3-8b\nnum_gpus: 0\n")
+    result = heddle("rollout", "--trace", str(trace), "--cluster", str(cluster),
+                    "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2
+    assert f"{cluster}:2: field 'num_gpus'" in result.stderr.replace("\n", "")
+    result = heddle("rollout", "--trace", str(trace), "--policy", "magic",
+                    "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2 and "valid policies" in result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_trace_gen_and_validate(tmp_path: Path) -> None:
+    out = tmp_path / "g.jsonl"
+    assert heddle("trace", "gen", "--workload", "search", "--prompts", "2", "--out", str(out)).returncode == 0
+    assert len(out.read_text().splitlines()) == 32
+    ok = heddle("trace", "validate", str(out))
+    assert ok.returncode == 0 and "32 trajectories, valid" in ok.stdout
+    assert heddle("trace", "gen", "--workload", "poetry", "--out", str(out)).returncode == 2
+
+
+def test_rollout_on_the_embedded_stack(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=2, samples=8, seed=5))
+    tokens = sum(r.spec.generated_tokens for r in generate("math", prompts=2, samples=8, seed=5))
+    report_path = tmp_path / "report.json"
+    result = heddle(
+        "rollout", "--trace", str(trace), "--state-dir", str(tmp_path / "state"), "--headless",
+        "--port", str(free_port()), "--time-scale", "0.05", "--json", str(report_path),
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    report = json.loads(report_path.read_text())
+    for key in ("batch_id", "trajectories", "completed", "failed", "generated_tokens",
+                "makespan_s", "throughput_tok_s"):
+        assert key in report
+    assert report["trajectories"] == report["completed"] == 16
+    assert report["generated_tokens"] == tokens
+    assert "generated tokens" in result.stdout and f"{tokens:,}" in result.stdout
+    listing = heddle("trajectories", "list", report["batch_id"], "--state-dir", str(tmp_path / "state"))
+    assert listing.returncode == 0 and listing.stdout.count("completed") == 16
+
+
+def test_rollout_against_a_running_server(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("search", prompts=1, samples=4, seed=2))
+
+    async def run() -> subprocess.CompletedProcess[str]:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            return await asyncio.to_thread(
+                heddle, "rollout", "--trace", str(trace), "--address", temporal_address,
+                "--store", store_url, "--queue-prefix", queue_prefix, "--quiet",
+            )
+
+    result = asyncio.run(run())
+    assert result.returncode == 0, result.stderr
+    assert "4 (4 completed, 0 failed)" in result.stdout
+
+
+def _wait_port(port: int, up: bool, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while port_in_use(port) != up:
+        assert time.monotonic() < deadline, f"port {port} never became {'up' if up else 'free'}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_dev_stops_every_child_on_ctrl_c_and_restarts_on_its_state(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    port, ui_port = free_port(), free_port()
+    args = [*HEDDLE, "dev", "--state-dir", str(state), "--port", str(port), "--ui-port",
+            str(ui_port), "--time-scale", "0.02"]
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=4, seed=9))
+
+    def start() -> subprocess.Popen[str]:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _wait_port(port, True)
+        _wait_port(ui_port, True)
+        return proc
+
+    dev = start()
+    try:
+        first = heddle("rollout", "--trace", str(trace), "--address", f"127.0.0.1:{port}",
+                       "--state-dir", str(state), "--json", str(tmp_path / "r.json"), "--quiet")
+        assert first.returncode == 0, first.stderr
+        batch_id = json.loads((tmp_path / "r.json").read_text())["batch_id"]
+    finally:
+        dev.send_signal(signal.SIGINT)
+        out, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, out
+    assert "stack stopped" in out
+    _wait_port(port, False, 10)
+    _wait_port(ui_port, False, 10)
+    leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+
+    dev = start()
+    try:
+        async def count() -> int:
+            client = await Client.connect(f"127.0.0.1:{port}")
+            return (await client.count_workflows(f'HeddleBatch="{batch_id}"')).count
+
+        assert asyncio.run(count()) == 4  # the server's state survived the restart
+    finally:
+        dev.send_signal(signal.SIGINT)
+        dev.communicate(timeout=60)

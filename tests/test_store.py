@@ -1,0 +1,59 @@
+"""The trajectory store: migrations, atomic batch insert, idempotent writes."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect
+
+from heddle.store import TrajectoryStore
+from heddle.trace import parse_line
+from heddle.types import RolloutOptions, StepRecord, TrajectorySummary
+from tests.factories import traj
+
+
+def _record(tid: str):  # type: ignore[no-untyped-def]
+    line = traj(tid, [{"output_tokens": 3, "tool": "python", "tool_latency_s": 0.1,
+                       "tool_output_tokens": 4}, {"output_tokens": 2}]) | {"prompt_text": "hello"}
+    return parse_line(line, path="mem", line=1)
+
+
+def test_migrations_create_the_schema(store_url: str) -> None:
+    store = TrajectoryStore.open(store_url)
+    tables = set(inspect(store.engine).get_table_names())
+    assert {"batches", "trajectories", "steps", "texts", "alembic_version"} <= tables
+    TrajectoryStore.open(store_url)  # upgrading again is a no-op
+
+
+def test_batch_insert_is_atomic(store_url: str) -> None:
+    store = TrajectoryStore.open(store_url)
+    opts = RolloutOptions()
+    store.create_batch(batch_id="b", records=[_record("a")], options=opts, source="x", created_at=0)
+    with pytest.raises(ValueError, match="already exists"):
+        store.create_batch(batch_id="b", records=[_record("z")], options=opts, source="x", created_at=0)
+
+    def records():  # fails half-way through
+        yield _record("c1")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        store.create_batch(batch_id="b2", records=records(), options=opts, source="x", created_at=0)
+    assert store.get_batch("b2") is None
+    assert store.list_trajectories("b2") == []
+    assert store.get_text("b/a/prompt") == "hello"
+
+
+def test_step_and_finish_writes_are_idempotent(store_url: str) -> None:
+    store = TrajectoryStore.open(store_url)
+    store.create_batch(batch_id="b", records=[_record("a")], options=RolloutOptions(), source="x",
+                       created_at=0)
+    for _ in range(3):  # a retried activity writes the same row again
+        store.record_step(StepRecord("b", "a", 0, "i0", 5, 3, tool="python", tool_status="ok"))
+    store.record_step(StepRecord("b", "a", 1, "i1", 12, 2))
+    summary = TrajectorySummary("b", "a", "g0", "completed", "answer", 2, 5, 1, 1.0, 1.0, 2.0)
+    store.finish_trajectory(summary)
+    store.finish_trajectory(summary)
+    got = store.get_trajectory("b", "a")
+    assert got is not None
+    assert [s["step_index"] for s in got["steps"]] == [0, 1]
+    assert got["status"] == "completed" and got["turns"] == 2 and got["generated_tokens"] == 5
+    assert store.count_steps("b") == 2
