@@ -6,12 +6,12 @@ import time
 
 from temporalio import activity
 
-from heddle import activity_names as names
-
 from activities.heartbeat import heartbeating
 from engines.request import EngineRequest
 from engines.simulated import SimulatedEngine
+from heddle import activity_names as names
 from heddle.types import GenerateRequest, GenerateResult
+
 
 class EngineActivities:
     def __init__(self, *, engine: SimulatedEngine) -> None:

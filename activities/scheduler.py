@@ -7,7 +7,6 @@ import time
 from temporalio import activity
 
 from heddle import activity_names as names
-
 from heddle.types import DecideRequest, Decision, StepReport
 from scheduler.service import SchedulerService
 

@@ -12,7 +12,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from heddle import activity_names as names
-
 from heddle.store import TrajectoryStore
 from heddle.types import (
     BatchReport,

@@ -7,10 +7,9 @@ import time
 
 from temporalio import activity
 
-from heddle import activity_names as names
-
 from activities.heartbeat import heartbeating
 from activities.toolkit.base import ToolRegistry, count_tokens
+from heddle import activity_names as names
 from heddle.store import TrajectoryStore
 from heddle.store.db import trajectory_key
 from heddle.types import RewardRequest, ToolRequest, ToolResult

@@ -87,7 +87,9 @@ class EngineCore:
 
     @property
     def kv_free_tokens(self) -> int:
-        return self.limits.kv_capacity_tokens - self.num_running_kv_tokens - self.num_cached_kv_tokens
+        return (
+            self.limits.kv_capacity_tokens - self.num_running_kv_tokens - self.num_cached_kv_tokens
+        )
 
     def has_work(self) -> bool:
         return bool(self._by_id)
@@ -163,7 +165,9 @@ class EngineCore:
         while idx < len(self.running) and token_budget > 0:
             request = self.running[idx]
             if request.is_prefilling:
-                num_new = min(self._prefill_target(request) - request.num_computed_tokens, token_budget)
+                num_new = min(
+                    self._prefill_target(request) - request.num_computed_tokens, token_budget
+                )
             else:
                 num_new = 1
             while not self._allocate(num_new):
@@ -222,7 +226,9 @@ class EngineCore:
         self._check_invariants(scheduled)
         return out
 
-    def _update_from_output(self, scheduled: list[tuple[EngineRequest, int]], out: StepOutput) -> None:
+    def _update_from_output(
+        self, scheduled: list[tuple[EngineRequest, int]], out: StepOutput
+    ) -> None:
         for request, num_new in scheduled:
             was_prefilling = request.is_prefilling
             request.num_computed_tokens += num_new

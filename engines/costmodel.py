@@ -141,10 +141,18 @@ class CostModel:
         )
         mem_s = read_bytes / self.tp / (self.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
         linear_flops = 2 * m.num_params * num_tokens
-        attn_flops = 4 * m.num_layers * m.hidden_size * (
-            decode_context_tokens + num_prefill_tokens * (prefill_context_tokens + num_prefill_tokens / 2)
+        attn_flops = (
+            4
+            * m.num_layers
+            * m.hidden_size
+            * (
+                decode_context_tokens
+                + num_prefill_tokens * (prefill_context_tokens + num_prefill_tokens / 2)
+            )
         )
-        compute_s = (linear_flops + attn_flops) / self.tp / (self.gpu.bf16_flops * COMPUTE_EFFICIENCY)
+        compute_s = (
+            (linear_flops + attn_flops) / self.tp / (self.gpu.bf16_flops * COMPUTE_EFFICIENCY)
+        )
         return max(mem_s, compute_s) + self._allreduce_s(num_tokens) + ITERATION_OVERHEAD_S
 
     def decode_token_s(self, batch_size: int = 1, context_tokens: int = 1024) -> float:

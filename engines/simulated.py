@@ -7,6 +7,7 @@ simulated engines takes the cluster's time scaled; reports divide by the scale a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -79,10 +80,8 @@ class SimulatedEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         for pending in self._pending.values():
             if not pending.future.done():

@@ -23,7 +23,9 @@ from rich.table import Table
 from heddle.config import ClusterConfig, load_cluster
 from heddle.errors import InputError
 
-app = typer.Typer(help="Heddle: trajectory-level scheduling for agentic RL rollout.", no_args_is_help=True)
+app = typer.Typer(
+    help="Heddle: trajectory-level scheduling for agentic RL rollout.", no_args_is_help=True
+)
 trajectories_app = typer.Typer(help="List and inspect trajectories.", no_args_is_help=True)
 trace_app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
@@ -49,28 +51,57 @@ def _cluster(path: Path | None) -> ClusterConfig:
 
 
 def _store_url(store: str | None, state_dir: Path) -> str:
-    return store or os.environ.get("HEDDLE_STORE_URL") or f"sqlite:///{(state_dir / 'store.db').resolve()}"
+    return (
+        store
+        or os.environ.get("HEDDLE_STORE_URL")
+        or f"sqlite:///{(state_dir / 'store.db').resolve()}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    address: str
+    ui_url: str | None
+    store_url: str
+    owned: bool  # an embedded stack started for this command, stopped after it
 
 
 @contextlib.asynccontextmanager
 async def _stack_or_address(
-    address: str | None, state_dir: Path, cluster: ClusterConfig, time_scale: float,
-    headless: bool, port: int, ui_port: int, store_url: str,
-) -> AsyncIterator[tuple[str, str | None]]:
-    """Connect to `address`, or run the embedded stack for the duration."""
+    address: str | None,
+    state_dir: Path,
+    cluster: ClusterConfig,
+    time_scale: float,
+    headless: bool,
+    port: int,
+    ui_port: int,
+    store_url: str,
+) -> AsyncIterator[_Target]:
+    """Connect to `address`, or to the `heddle dev` running on `state_dir`, or run the
+    embedded stack for the duration."""
+    from heddle.stack import EmbeddedStack, running_stack
+
     if address:
-        yield address, None
+        yield _Target(address, None, store_url, owned=False)
         return
-    from heddle.stack import EmbeddedStack
+    if (info := running_stack(state_dir)) is not None:
+        ui = info.get("ui_url")
+        yield _Target(str(info["address"]), str(ui) if ui else None, str(info["store_url"]), False)
+        return
 
     stack = EmbeddedStack(
-        state_dir=state_dir, cluster=cluster, time_scale=time_scale, headless=headless,
-        port=port, ui_port=ui_port, store_url=store_url,
+        state_dir=state_dir,
+        cluster=cluster,
+        time_scale=time_scale,
+        headless=headless,
+        port=port,
+        ui_port=ui_port,
+        store_url=store_url,
     )
     with console.status("starting the embedded stack (Temporal dev server, worker, engines)"):
         await stack.start()
     try:
-        yield stack.address, stack.ui_url
+        yield _Target(stack.address, stack.ui_url, store_url, owned=True)
     finally:
         stack.stop()
 
@@ -86,17 +117,35 @@ def dev(
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     headless: bool = False,
     store: StoreOpt = None,
+    detach: Annotated[
+        bool, typer.Option(help="Run in the background; `heddle stop` ends it.")
+    ] = False,
 ) -> None:
     """Run the embedded stack until Ctrl-C: Temporal dev server, workers, simulated engines."""
-    from heddle.stack import EmbeddedStack
+    from heddle.stack import EmbeddedStack, remove_stack_file, running_stack, write_stack_file
 
     try:
         cfg = _cluster(cluster)
     except InputError as exc:
         raise _fail(str(exc)) from None
+    if (info := running_stack(state_dir)) is not None:
+        if detach:  # idempotent: the background stack the caller asked for is there
+            console.print(f"a stack already runs on {state_dir}/ at {info['address']}")
+            return
+        raise _fail(f"a stack already runs on {state_dir}/ (`heddle stop --state-dir {state_dir}`)")
+    if detach:
+        argv = [a for a in sys.argv[1:] if a != "--detach"]
+        _detach([sys.executable, "-m", "heddle.cli", *argv], state_dir)
+        return
     stack = EmbeddedStack(
-        state_dir=state_dir, port=port, ui_port=ui_port, cluster=cfg, time_scale=time_scale,
-        headless=headless, num_workers=workers, store_url=_store_url(store, state_dir),
+        state_dir=state_dir,
+        port=port,
+        ui_port=ui_port,
+        cluster=cfg,
+        time_scale=time_scale,
+        headless=headless,
+        num_workers=workers,
+        store_url=_store_url(store, state_dir),
     )
 
     async def serve() -> None:
@@ -105,6 +154,7 @@ def dev(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stack.start()
+        write_stack_file(state_dir, stack)
         console.print(f"Temporal at [bold]{stack.address}[/]  (namespace default)")
         if stack.ui_url:
             console.print(f"Web UI at   [bold]{stack.ui_url}[/]")
@@ -123,13 +173,55 @@ def dev(
         raise _fail(str(exc)) from None
     finally:
         stack.stop()
+        remove_stack_file(state_dir)
         console.print("stack stopped")
+
+
+def _detach(argv: list[str], state_dir: Path) -> None:
+    """Start `heddle dev` in its own session and return once it is serving."""
+    import subprocess
+
+    from heddle.stack import running_stack
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log = state_dir / "dev.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while (info := running_stack(state_dir)) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise _fail(f"the stack did not start; {log}:\n{tail}")
+        time.sleep(0.3)
+    console.print(f"Temporal at [bold]{info['address']}[/]  (namespace default)")
+    if info.get("ui_url"):
+        console.print(f"Web UI at   [bold]{info['ui_url']}[/]")
+    console.print(f"running in the background (pid {proc.pid}, log {log}); `heddle stop` ends it")
+
+
+@app.command()
+def stop(state_dir: StateDir = Path(".heddle")) -> None:
+    """Stop the background stack started by `heddle dev --detach`."""
+    from heddle.stack import stop_running_stack
+
+    if stop_running_stack(state_dir):
+        console.print("stack stopped")
+    else:
+        console.print(f"no stack runs on {state_dir}/")
 
 
 # ---- heddle worker -----------------------------------------------------------------------
 @app.command()
 def worker(
-    address: Annotated[str, typer.Option(help="HOST:PORT of the Temporal server.")] = "127.0.0.1:7233",
+    address: Annotated[
+        str, typer.Option(help="HOST:PORT of the Temporal server.")
+    ] = "127.0.0.1:7233",
     store: StoreOpt = None,
     cluster: ClusterOpt = None,
     cluster_json: Annotated[str | None, typer.Option(hidden=True)] = None,
@@ -143,14 +235,16 @@ def worker(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        cfg = (
-            ClusterConfig.model_validate_json(cluster_json) if cluster_json else _cluster(cluster)
-        )
+        cfg = ClusterConfig.model_validate_json(cluster_json) if cluster_json else _cluster(cluster)
     except InputError as exc:
         raise _fail(str(exc)) from None
     opts = WorkerOptions(
-        address=address, store_url=_store_url(store, state_dir), cluster=cfg,
-        time_scale=time_scale, queue_prefix=queue_prefix, engine_policy=engine_policy,
+        address=address,
+        store_url=_store_url(store, state_dir),
+        cluster=cfg,
+        time_scale=time_scale,
+        queue_prefix=queue_prefix,
+        engine_policy=engine_policy,
     )
     asyncio.run(run_worker(opts))
 
@@ -158,18 +252,33 @@ def worker(
 # ---- heddle rollout ----------------------------------------------------------------------
 def _report_table(report: dict[str, Any], ui_url: str | None) -> Table:
     table = Table(title=f"rollout {report['batch_id']}", show_header=False)
+    r = report
     rows = [
-        ("policy", report["policy"]),
-        ("trajectories", f"{report['trajectories']} ({report['completed']} completed, {report['failed']} failed)"),
+        ("policy", r["policy"]),
+        (
+            "trajectories",
+            f"{r['trajectories']} ({r['completed']} completed, {r['failed']} failed)",
+        ),
         ("generated tokens", f"{report['generated_tokens']:,}"),
-        ("makespan", f"{report['makespan_s']:.1f} s (cluster time; wall {report['wall_s']:.1f} s at time scale {report['time_scale']:g})"),
+        (
+            "makespan",
+            f"{r['makespan_s']:.1f} s (cluster time; wall {r['wall_s']:.1f} s "
+            f"at time scale {r['time_scale']:g})",
+        ),
         ("throughput", f"{report['throughput_tok_s']:,.0f} tokens/s"),
-        ("completion p50/p90/p99/max", " / ".join(f"{report['completion_s'][k]:.1f}" for k in ("p50", "p90", "p99", "max")) + " s"),
+        (
+            "completion p50/p90/p99/max",
+            " / ".join(f"{report['completion_s'][k]:.1f}" for k in ("p50", "p90", "p99", "max"))
+            + " s",
+        ),
     ]
     for k, v in rows:
         table.add_row(k, str(v))
     if ui_url:
-        table.add_row("Temporal UI", f"{ui_url}/namespaces/default/workflows?query=HeddleBatch%3D%22{report['batch_id']}%22")
+        table.add_row(
+            "Temporal UI",
+            f"{ui_url}/namespaces/default/workflows?query=HeddleBatch%3D%22{report['batch_id']}%22",
+        )
     return table
 
 
@@ -180,8 +289,12 @@ def rollout(
     address: Address = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
     policy: str = "least_loaded",
-    tools: Annotated[str, typer.Option(help="replay the trace's tools, or run them for real")] = "replay",
-    time_scale: Annotated[float, typer.Option(help="Wall seconds per simulated second (embedded stack).")] = 1.0,
+    tools: Annotated[
+        str, typer.Option(help="replay the trace's tools, or run them for real")
+    ] = "replay",
+    time_scale: Annotated[
+        float, typer.Option(help="Wall seconds per simulated second (embedded stack).")
+    ] = 1.0,
     max_in_flight: int = 4096,
     max_turns: int = 64,
     max_tokens: int = 65536,
@@ -203,30 +316,35 @@ def rollout(
         records = load_trace(trace)
         cfg = _cluster(cluster)
         options = RolloutOptions(
-            policy=policy, tools=tools, max_turns=max_turns, max_tokens=max_tokens,
-            max_in_flight=max_in_flight, time_scale=time_scale,
+            policy=policy,
+            tools=tools,
+            max_turns=max_turns,
+            max_tokens=max_tokens,
+            max_in_flight=max_in_flight,
         )
         validate_options(options)
     except (InputError, ValueError) as exc:
         raise _fail(str(exc)) from None
 
-    async def run() -> dict[str, Any]:
+    async def run() -> tuple[dict[str, Any], bool]:
         url = _store_url(store, state_dir)
         stack = _stack_or_address(address, state_dir, cfg, time_scale, headless, port, ui_port, url)
-        async with stack as (addr, ui):
-            client = await HeddleClient.connect(addr, store_url=url, queue_prefix=queue_prefix)
+        async with stack as target:
+            client = await HeddleClient.connect(
+                target.address, store_url=target.store_url, queue_prefix=queue_prefix
+            )
             async with client:
                 handle = await client.start_rollout(records=records, options=options)
                 report = await _follow(handle, len(records), quiet)
             out = dataclasses.asdict(report)
-            console.print(_report_table(out, ui))
-            return out
+            console.print(_report_table(out, target.ui_url))
+            return out, target.owned
 
-    report = asyncio.run(run())
+    report, owned = asyncio.run(run())
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"report written to {json_out}")
-    if not address:
+    if owned:
         console.print(
             f"The stack has stopped; its state is kept in {state_dir}/. `heddle dev "
             f"--state-dir {state_dir}` brings it back with the Web UI, and `temporal workflow "
@@ -240,8 +358,11 @@ async def _follow(handle: Any, total: int, quiet: bool) -> Any:
         return await result
     started = time.monotonic()
     columns = (
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[running]} running"), TextColumn("{task.fields[rate]} tok/s"),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[running]} running"),
+        TextColumn("{task.fields[rate]} tok/s"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as bar:
@@ -251,7 +372,9 @@ async def _follow(handle: Any, total: int, quiet: bool) -> Any:
                 p = await handle.progress()
                 rate = p["generated_tokens"] / max(time.monotonic() - started, 1e-9)
                 bar.update(
-                    task, completed=p["completed"] + p["failed"], running=p["running"],
+                    task,
+                    completed=p["completed"] + p["failed"],
+                    running=p["running"],
                     rate=f"{rate:,.0f}",
                 )
             await asyncio.wait([result], timeout=0.5)
@@ -270,35 +393,53 @@ def batches(state_dir: StateDir = Path(".heddle"), store: StoreOpt = None) -> No
     for b in st.list_batches():
         rep = b["report"] or {}
         table.add_row(
-            b["batch_id"], b["status"], b["policy"], str(b["num_trajectories"]),
-            json.dumps(b["trajectory_status"]), f"{rep.get('throughput_tok_s', 0):,.0f}",
+            b["batch_id"],
+            b["status"],
+            b["policy"],
+            str(b["num_trajectories"]),
+            json.dumps(b["trajectory_status"]),
+            f"{rep.get('throughput_tok_s', 0):,.0f}",
         )
     console.print(table)
 
 
 @trajectories_app.command("list")
 def trajectories_list(
-    batch: str, status: str | None = None, state_dir: StateDir = Path(".heddle"),
-    store: StoreOpt = None, limit: int = 1000,
+    batch: str,
+    status: str | None = None,
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
+    limit: int = 1000,
 ) -> None:
     """List a batch's trajectories (status, turns, tokens, times)."""
     from heddle.store import TrajectoryStore
 
     st = TrajectoryStore.open(_store_url(store, state_dir))
-    table = Table("trajectory", "group", "status", "reason", "turns", "tokens", "tools", "reward", "seconds")
+    table = Table(
+        "trajectory", "group", "status", "reason", "turns", "tokens", "tools", "reward", "seconds"
+    )
     for t in st.list_trajectories(batch, status=status, limit=limit):
         secs = (t["finished_at"] or 0) - (t["started_at"] or 0) if t["finished_at"] else 0
         table.add_row(
-            t["trajectory_id"], t["group_id"], t["status"], t["finish_reason"] or "",
-            str(t["turns"]), str(t["generated_tokens"]), str(t["tool_calls"]),
-            "" if t["reward"] is None else f"{t['reward']:g}", f"{secs:.1f}",
+            t["trajectory_id"],
+            t["group_id"],
+            t["status"],
+            t["finish_reason"] or "",
+            str(t["turns"]),
+            str(t["generated_tokens"]),
+            str(t["tool_calls"]),
+            "" if t["reward"] is None else f"{t['reward']:g}",
+            f"{secs:.1f}",
         )
     console.print(table)
 
 
 @trajectories_app.command("show")
 def trajectories_show(
-    batch: str, trajectory: str, state_dir: StateDir = Path(".heddle"), store: StoreOpt = None,
+    batch: str,
+    trajectory: str,
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
 ) -> None:
     """One trajectory with its steps, as JSON."""
     from heddle.store import TrajectoryStore
@@ -325,7 +466,9 @@ def trace_gen(
     from heddle.workloads import generate
 
     try:
-        records = generate(workload, prompts=prompts, samples=samples, seed=seed, iteration=iteration)
+        records = generate(
+            workload, prompts=prompts, samples=samples, seed=seed, iteration=iteration
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     with out.open("w", encoding="utf-8") as fh:

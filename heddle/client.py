@@ -1,8 +1,8 @@
 """The Python client: start rollouts, follow them, read their trajectories.
 
-    async with await HeddleClient.connect("127.0.0.1:7233") as heddle:
-        handle = await heddle.start_rollout(trace="trace.jsonl")
-        report = await handle.report()
+async with await HeddleClient.connect("127.0.0.1:7233") as heddle:
+    handle = await heddle.start_rollout(trace="trace.jsonl")
+    report = await handle.report()
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heddle.errors import ConfigError
 from engines.costmodel import GPUS, MODELS
+from heddle.errors import ConfigError
 
 
 class EngineLimits(BaseModel):

@@ -87,7 +87,9 @@ async def ensure_search_attributes(client: Client, namespace: str = "default") -
         )
 
 
-def _popen(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _popen(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(
@@ -202,3 +204,60 @@ class EmbeddedStack:
         for proc in self.workers:
             if proc.poll() is not None:
                 raise RuntimeError(f"a worker exited; see {self.state_dir / 'worker.log'}")
+
+
+STACK_FILE = "stack.json"
+
+
+def write_stack_file(state_dir: Path, stack: EmbeddedStack) -> None:
+    """Announce a running `heddle dev` so other commands can find and stop it."""
+    info = {
+        "pid": os.getpid(),
+        "address": stack.address,
+        "ui_url": stack.ui_url,
+        "time_scale": stack.time_scale,
+        "store_url": stack.store_url,
+    }
+    (Path(state_dir) / STACK_FILE).write_text(json.dumps(info, indent=2))
+
+
+def remove_stack_file(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (Path(state_dir) / STACK_FILE).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_stack(state_dir: Path) -> dict[str, object] | None:
+    """The `heddle dev` running on `state_dir`, if any (a stale file is ignored)."""
+    path = Path(state_dir) / STACK_FILE
+    try:
+        info = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if not isinstance(info, dict) or not _alive(int(info.get("pid", 0))):
+        return None
+    return info
+
+
+def stop_running_stack(state_dir: Path, timeout_s: float = 60.0) -> bool:
+    info = running_stack(state_dir)
+    if info is None:
+        return False
+    pid = int(info["pid"])  # type: ignore[call-overload]
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    return True

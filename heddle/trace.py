@@ -16,10 +16,21 @@ from heddle.errors import TraceError
 from heddle.types import TOOL_STATUSES, StepSpec, TrajectorySpec
 
 _TOP_FIELDS = {
-    "trajectory_id", "group_id", "workload", "prompt_tokens", "prompt_text", "steps", "reward",
+    "trajectory_id",
+    "group_id",
+    "workload",
+    "prompt_tokens",
+    "prompt_text",
+    "steps",
+    "reward",
 }
 _STEP_FIELDS = {
-    "output_tokens", "tool", "tool_latency_s", "tool_status", "tool_output_tokens", "text",
+    "output_tokens",
+    "tool",
+    "tool_latency_s",
+    "tool_status",
+    "tool_output_tokens",
+    "text",
     "tool_input",
 }
 
@@ -70,7 +81,9 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
     trajectory_id = _str(obj["trajectory_id"], path=path, line=line, name="trajectory_id")
     group_id = _str(obj["group_id"], path=path, line=line, name="group_id")
     workload = _str(obj.get("workload", "unknown"), path=path, line=line, name="workload")
-    prompt_tokens = _int(obj["prompt_tokens"], path=path, line=line, name="prompt_tokens", minimum=1)
+    prompt_tokens = _int(
+        obj["prompt_tokens"], path=path, line=line, name="prompt_tokens", minimum=1
+    )
     prompt_text = obj.get("prompt_text")
     if prompt_text is not None and not isinstance(prompt_text, str):
         raise TraceError(path, line, "prompt_text", "must be a string")
@@ -102,9 +115,13 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
         if tool is None:
             for name in ("tool_latency_s", "tool_output_tokens", "tool_status", "tool_input"):
                 if name in step:
-                    raise TraceError(path, line, f"{where}.{name}", "is set on a step without a tool")
+                    raise TraceError(
+                        path, line, f"{where}.{name}", "is set on a step without a tool"
+                    )
             if i != last:
-                raise TraceError(path, line, f"{where}.tool", "is required on every step but the last")
+                raise TraceError(
+                    path, line, f"{where}.tool", "is required on every step but the last"
+                )
             steps.append(StepSpec(output_tokens=output_tokens))
         else:
             if i == last:
@@ -112,11 +129,16 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
             tool = _str(tool, path=path, line=line, name=f"{where}.tool")
             for name in ("tool_latency_s", "tool_output_tokens"):
                 if name not in step:
-                    raise TraceError(path, line, f"{where}.{name}", "is required on a step with a tool")
+                    raise TraceError(
+                        path, line, f"{where}.{name}", "is required on a step with a tool"
+                    )
             status = step.get("tool_status", "ok")
             if status not in TOOL_STATUSES:
                 raise TraceError(
-                    path, line, f"{where}.tool_status", f"must be one of {list(TOOL_STATUSES)}, got {status!r}"
+                    path,
+                    line,
+                    f"{where}.tool_status",
+                    f"must be one of {list(TOOL_STATUSES)}, got {status!r}",
                 )
             tool_input = step.get("tool_input")
             if tool_input is not None and not isinstance(tool_input, str):
@@ -131,7 +153,10 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
                     tool_status=status,
                     tool_output_tokens=_int(
                         step["tool_output_tokens"],
-                        path=path, line=line, name=f"{where}.tool_output_tokens", minimum=0,
+                        path=path,
+                        line=line,
+                        name=f"{where}.tool_output_tokens",
+                        minimum=0,
                     ),
                     tool_input=tool_input,
                 )

@@ -49,7 +49,6 @@ class RolloutOptions:
     max_turns: int = 64
     max_tokens: int = 65536
     max_in_flight: int = 4096
-    time_scale: float = 1.0
     queue_prefix: str = ""
     # Retries of a single LLM step or tool call before the trajectory is marked failed.
     max_attempts: int = 5

@@ -22,6 +22,7 @@ from activities.tools import ToolActivities
 from engines.pool import EnginePool
 from heddle.config import ClusterConfig
 from heddle.queues import engine_queue, tools_queue, trajectories_queue
+from heddle.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
 from scheduler.service import SchedulerService
 from workflows.batch import RolloutBatchWorkflow
@@ -48,6 +49,10 @@ class WorkerOptions:
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM when it is None)."""
     client = await Client.connect(opts.address, namespace=opts.namespace)
+    try:
+        await ensure_search_attributes(client, opts.namespace)
+    except Exception as exc:  # e.g. no operator permission on a managed cluster
+        log.warning("could not register Heddle's search attributes: %s", exc)
     store = TrajectoryStore.open(opts.store_url)
     cluster = opts.cluster
     pool = EnginePool.simulated(
@@ -67,9 +72,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         store=store, time_scale=opts.time_scale, instance_ids=pool.instance_ids
     )
     sched_acts = SchedulerActivities(service=service)
-    tool_acts = ToolActivities(
-        registry=default_registry(), store=store, time_scale=opts.time_scale
-    )
+    tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
     prefix = opts.queue_prefix
     workers = [
         Worker(
@@ -127,5 +130,3 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         waiter.cancel()
         await pool.stop()
         store.close()
-
-

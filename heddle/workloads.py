@@ -37,15 +37,22 @@ WORKLOADS: dict[str, WorkloadShape] = {
 
 
 def _trajectory(
-    rng: random.Random, shape: WorkloadShape, tid: str, gid: str, workload: str,
-    prompt_tokens: int, difficulty: float,
+    rng: random.Random,
+    shape: WorkloadShape,
+    tid: str,
+    gid: str,
+    workload: str,
+    prompt_tokens: int,
+    difficulty: float,
 ) -> TraceRecord:
     turns = rng.randint(*shape.base_turns)
     steps: list[StepSpec] = []
     total = 0
     i = 0
     while True:
-        out = int(rng.lognormvariate(0, shape.output_sigma) * shape.output_tokens_median * difficulty)
+        out = int(
+            rng.lognormvariate(0, shape.output_sigma) * shape.output_tokens_median * difficulty
+        )
         out = max(8, min(out, shape.max_tokens - total))
         total += out
         last = i + 1 >= turns or i + 1 >= shape.max_turns or total >= shape.max_tokens - 8
@@ -67,7 +74,10 @@ def _trajectory(
         )
         i += 1
     spec = TrajectorySpec(
-        trajectory_id=tid, group_id=gid, prompt_tokens=prompt_tokens, steps=tuple(steps),
+        trajectory_id=tid,
+        group_id=gid,
+        prompt_tokens=prompt_tokens,
+        steps=tuple(steps),
         workload=workload,
     )
     return TraceRecord(spec=spec)

@@ -33,7 +33,8 @@ class StepEvent:
 
 
 class PlacementPolicy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decide(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         """Pick the instance and priority for the step."""

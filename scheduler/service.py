@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from heddle.types import Decision, DecideRequest, StepReport
+from heddle.types import DecideRequest, Decision, StepReport
 from scheduler.interface import InstanceState, PlacementPolicy, StepEvent
 from scheduler.registry import create_policy
 

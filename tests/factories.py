@@ -13,21 +13,29 @@ from heddle.trace import TraceRecord, dump_record
 
 
 def create_core(
-    *, kv_capacity_tokens: int = 100_000, max_num_seqs: int = 16,
-    max_num_batched_tokens: int = 2048, policy: str = "fcfs", preemption: bool = True,
+    *,
+    kv_capacity_tokens: int = 100_000,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 2048,
+    policy: str = "fcfs",
+    preemption: bool = True,
 ) -> EngineCore:
     cost = CostModel.for_names("qwen3-8b", "h100", 1)
     return EngineCore(
         limits=EngineLimits(
-            kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, policy=policy, preemption=preemption,
+            kv_capacity_tokens=kv_capacity_tokens,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            policy=policy,
+            preemption=preemption,
         ),
         iteration_cost=cost.iteration_s,
     )
 
 
-def request(rid: str, context: int = 100, new: int = 10, *, key: str | None = None,
-            priority: int = 0) -> EngineRequest:
+def request(
+    rid: str, context: int = 100, new: int = 10, *, key: str | None = None, priority: int = 0
+) -> EngineRequest:
     return EngineRequest(rid, key or rid, context, new, priority=priority)
 
 
@@ -54,5 +62,7 @@ def write_records(path: Path, records: list[TraceRecord]) -> Path:
     return write_trace(path, [dump_record(r) for r in records])
 
 
-def traj(tid: str, steps: list[dict[str, Any]], *, group: str = "g0", prompt: int = 50) -> dict[str, Any]:
+def traj(
+    tid: str, steps: list[dict[str, Any]], *, group: str = "g0", prompt: int = 50
+) -> dict[str, Any]:
     return {"trajectory_id": tid, "group_id": group, "prompt_tokens": prompt, "steps": steps}

@@ -20,15 +20,22 @@ SMALL_CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_
 
 @contextlib.asynccontextmanager
 async def in_process_worker(
-    address: str, store_url: str, prefix: str, *, time_scale: float = 0.05,
+    address: str,
+    store_url: str,
+    prefix: str,
+    *,
+    time_scale: float = 0.05,
     cluster: ClusterConfig = SMALL_CLUSTER,
 ) -> AsyncIterator[None]:
     stop = asyncio.Event()
     task = asyncio.create_task(
         run_worker(
             WorkerOptions(
-                address=address, store_url=store_url, cluster=cluster,
-                time_scale=time_scale, queue_prefix=prefix,
+                address=address,
+                store_url=store_url,
+                cluster=cluster,
+                time_scale=time_scale,
+                queue_prefix=prefix,
             ),
             stop,
         )
@@ -41,7 +48,12 @@ async def in_process_worker(
 
 
 def worker_process(
-    address: str, store_url: str, prefix: str, log: Path, *, time_scale: float,
+    address: str,
+    store_url: str,
+    prefix: str,
+    log: Path,
+    *,
+    time_scale: float,
     cluster: ClusterConfig = SMALL_CLUSTER,
 ) -> subprocess.Popen[bytes]:
     """A worker in its own process, as `heddle worker` runs it."""

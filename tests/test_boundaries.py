@@ -20,7 +20,16 @@ def test_workflows_import_nothing_heavy() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     loaded = set(json.loads(out.stdout))
-    forbidden = {"torch", "ray", "vllm", "lightgbm", "sqlalchemy", "alembic", "activities", "engines"}
+    forbidden = {
+        "torch",
+        "ray",
+        "vllm",
+        "lightgbm",
+        "sqlalchemy",
+        "alembic",
+        "activities",
+        "engines",
+    }
     assert not loaded & forbidden
 
 
@@ -31,9 +40,12 @@ def _impure_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if (node.value.id, node.attr) in FORBIDDEN_CALLS:
-                found.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (node.value.id, node.attr) in FORBIDDEN_CALLS
+        ):
+            found.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
             if any(n.split(".")[0] in {"temporalio", "torch", "random"} for n in names):

@@ -23,9 +23,15 @@ from tests.live import in_process_worker
 HEDDLE = [sys.executable, "-m", "heddle.cli"]
 
 
-def heddle(*args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def heddle(
+    *args: str, timeout: float = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*HEDDLE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        [*HEDDLE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
         env=os.environ | {"COLUMNS": "200"},
     )
 
@@ -45,22 +51,37 @@ def test_bad_cluster_and_policy_are_refused(tmp_path: Path) -> None:
     trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=2))
     cluster = tmp_path / "c.yaml"
     cluster.write_text("model: qwen3-8b\nnum_gpus: 0\n")
-    result = heddle("rollout", "--trace", str(trace), "--cluster", str(cluster),
-                    "--state-dir", str(tmp_path / "s"))
+    result = heddle(
+        "rollout",
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--state-dir",
+        str(tmp_path / "s"),
+    )
     assert result.returncode == 2
     assert f"{cluster}:2: field 'num_gpus'" in result.stderr.replace("\n", "")
-    result = heddle("rollout", "--trace", str(trace), "--policy", "magic",
-                    "--state-dir", str(tmp_path / "s"))
-    assert result.returncode == 2 and "valid policies" in result.stderr
+    result = heddle(
+        "rollout", "--trace", str(trace), "--policy", "magic", "--state-dir", str(tmp_path / "s")
+    )
+    assert result.returncode == 2
+    assert "valid policies" in result.stderr
     assert not (tmp_path / "s").exists()
 
 
 def test_trace_gen_and_validate(tmp_path: Path) -> None:
     out = tmp_path / "g.jsonl"
-    assert heddle("trace", "gen", "--workload", "search", "--prompts", "2", "--out", str(out)).returncode == 0
+    assert (
+        heddle(
+            "trace", "gen", "--workload", "search", "--prompts", "2", "--out", str(out)
+        ).returncode
+        == 0
+    )
     assert len(out.read_text().splitlines()) == 32
     ok = heddle("trace", "validate", str(out))
-    assert ok.returncode == 0 and "32 trajectories, valid" in ok.stdout
+    assert ok.returncode == 0
+    assert "32 trajectories, valid" in ok.stdout
     assert heddle("trace", "gen", "--workload", "poetry", "--out", str(out)).returncode == 2
 
 
@@ -69,19 +90,40 @@ def test_rollout_on_the_embedded_stack(tmp_path: Path) -> None:
     tokens = sum(r.spec.generated_tokens for r in generate("math", prompts=2, samples=8, seed=5))
     report_path = tmp_path / "report.json"
     result = heddle(
-        "rollout", "--trace", str(trace), "--state-dir", str(tmp_path / "state"), "--headless",
-        "--port", str(free_port()), "--time-scale", "0.05", "--json", str(report_path),
+        "rollout",
+        "--trace",
+        str(trace),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--headless",
+        "--port",
+        str(free_port()),
+        "--time-scale",
+        "0.05",
+        "--json",
+        str(report_path),
     )
     assert result.returncode == 0, result.stderr + result.stdout
     report = json.loads(report_path.read_text())
-    for key in ("batch_id", "trajectories", "completed", "failed", "generated_tokens",
-                "makespan_s", "throughput_tok_s"):
+    for key in (
+        "batch_id",
+        "trajectories",
+        "completed",
+        "failed",
+        "generated_tokens",
+        "makespan_s",
+        "throughput_tok_s",
+    ):
         assert key in report
     assert report["trajectories"] == report["completed"] == 16
     assert report["generated_tokens"] == tokens
-    assert "generated tokens" in result.stdout and f"{tokens:,}" in result.stdout
-    listing = heddle("trajectories", "list", report["batch_id"], "--state-dir", str(tmp_path / "state"))
-    assert listing.returncode == 0 and listing.stdout.count("completed") == 16
+    assert "generated tokens" in result.stdout
+    assert f"{tokens:,}" in result.stdout
+    listing = heddle(
+        "trajectories", "list", report["batch_id"], "--state-dir", str(tmp_path / "state")
+    )
+    assert listing.returncode == 0
+    assert listing.stdout.count("completed") == 16
 
 
 def test_rollout_against_a_running_server(
@@ -92,8 +134,17 @@ def test_rollout_against_a_running_server(
     async def run() -> subprocess.CompletedProcess[str]:
         async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
             return await asyncio.to_thread(
-                heddle, "rollout", "--trace", str(trace), "--address", temporal_address,
-                "--store", store_url, "--queue-prefix", queue_prefix, "--quiet",
+                heddle,
+                "rollout",
+                "--trace",
+                str(trace),
+                "--address",
+                temporal_address,
+                "--store",
+                store_url,
+                "--queue-prefix",
+                queue_prefix,
+                "--quiet",
             )
 
     result = asyncio.run(run())
@@ -112,8 +163,18 @@ def _wait_port(port: int, up: bool, timeout_s: float = 60) -> None:
 def test_dev_stops_every_child_on_ctrl_c_and_restarts_on_its_state(tmp_path: Path) -> None:
     state = tmp_path / "state"
     port, ui_port = free_port(), free_port()
-    args = [*HEDDLE, "dev", "--state-dir", str(state), "--port", str(port), "--ui-port",
-            str(ui_port), "--time-scale", "0.02"]
+    args = [
+        *HEDDLE,
+        "dev",
+        "--state-dir",
+        str(state),
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--time-scale",
+        "0.02",
+    ]
     trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=4, seed=9))
 
     def start() -> subprocess.Popen[str]:
@@ -124,8 +185,18 @@ def test_dev_stops_every_child_on_ctrl_c_and_restarts_on_its_state(tmp_path: Pat
 
     dev = start()
     try:
-        first = heddle("rollout", "--trace", str(trace), "--address", f"127.0.0.1:{port}",
-                       "--state-dir", str(state), "--json", str(tmp_path / "r.json"), "--quiet")
+        first = heddle(
+            "rollout",
+            "--trace",
+            str(trace),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(state),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--quiet",
+        )
         assert first.returncode == 0, first.stderr
         batch_id = json.loads((tmp_path / "r.json").read_text())["batch_id"]
     finally:
@@ -140,6 +211,7 @@ def test_dev_stops_every_child_on_ctrl_c_and_restarts_on_its_state(tmp_path: Pat
 
     dev = start()
     try:
+
         async def count() -> int:
             client = await Client.connect(f"127.0.0.1:{port}")
             return (await client.count_workflows(f'HeddleBatch="{batch_id}"')).count
@@ -148,3 +220,37 @@ def test_dev_stops_every_child_on_ctrl_c_and_restarts_on_its_state(tmp_path: Pat
     finally:
         dev.send_signal(signal.SIGINT)
         dev.communicate(timeout=60)
+
+
+def test_detached_stack_is_found_by_rollout_and_stopped(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    port = free_port()
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=4, seed=4))
+    up = heddle(
+        "dev",
+        "--detach",
+        "--headless",
+        "--state-dir",
+        str(state),
+        "--port",
+        str(port),
+        "--time-scale",
+        "0.02",
+    )
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert f"127.0.0.1:{port}" in up.stdout
+        again = heddle("dev", "--detach", "--headless", "--state-dir", str(state))
+        assert again.returncode == 0
+        assert "already runs" in again.stdout
+        # No --address: the rollout finds the stack running on its state directory.
+        run = heddle("rollout", "--trace", str(trace), "--state-dir", str(state), "--quiet")
+        assert run.returncode == 0, run.stderr
+        assert "4 (4 completed, 0 failed)" in run.stdout
+        assert "The stack has stopped" not in run.stdout
+    finally:
+        down = heddle("stop", "--state-dir", str(state))
+    assert down.returncode == 0
+    assert "stack stopped" in down.stdout
+    _wait_port(port, False, 10)
+    assert heddle("stop", "--state-dir", str(state)).stdout.startswith("no stack")

@@ -28,7 +28,12 @@ def test_valid_cluster(tmp_path: Path) -> None:
         ("model: qwen3-8b\nnum_gpus: -1\n", 2, "num_gpus", "greater than or equal"),
         ("model: qwen3-8b\ngpu: h100\nmax_num_seqs: many\n", 3, "max_num_seqs", "integer"),
         ("model: llama\n", 1, "model", "unknown model"),
-        ("gpu: h100\nnum_gpus: 4\ndefault_tp: 3\ntp_choices: [1, 3]\n", 4, "tp_choices", "power of two"),
+        (
+            "gpu: h100\nnum_gpus: 4\ndefault_tp: 3\ntp_choices: [1, 3]\n",
+            4,
+            "tp_choices",
+            "power of two",
+        ),
         ("num_gpus: 6\ndefault_tp: 4\n", 1, "num_gpus", "do not divide"),
         ("num_gpus: 4\nspeed: fast\n", 2, "speed", "not a cluster field"),
         ("num_gpus: [4\n", 2, None, "not valid YAML"),

@@ -26,7 +26,9 @@ def test_worker_killed_mid_batch_and_restarted(
         client = await HeddleClient.connect(
             temporal_address, store_url=store_url, queue_prefix=queue_prefix
         )
-        worker = worker_process(temporal_address, store_url, queue_prefix, log, time_scale=time_scale)
+        worker = worker_process(
+            temporal_address, store_url, queue_prefix, log, time_scale=time_scale
+        )
         try:
             handle = await client.start_rollout(records=records, options=RolloutOptions())
             # Wait until some trajectories finished and many are still generating.
@@ -48,7 +50,8 @@ def test_worker_killed_mid_batch_and_restarted(
             kill_process(worker)
 
         assert before["completed"] < 64
-        assert report.completed == 64 and report.failed == 0
+        assert report.completed == 64
+        assert report.failed == 0
         assert report.generated_tokens == sum(s.generated_tokens for s in expected.values())
         rows = await client.list_trajectories(handle.batch_id)
         assert sorted(r["trajectory_id"] for r in rows) == sorted(expected)

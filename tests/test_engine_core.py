@@ -98,7 +98,9 @@ def test_request_larger_than_the_cache_is_refused() -> None:
 
 def test_iteration_time_grows_with_batch_and_context() -> None:
     cost = CostModel.for_names("qwen3-8b", "h100", 1)
-    assert cost.decode_token_s(1, 1000) < cost.decode_token_s(64, 1000) < cost.decode_token_s(64, 8000)
+    assert (
+        cost.decode_token_s(1, 1000) < cost.decode_token_s(64, 1000) < cost.decode_token_s(64, 8000)
+    )
     # Tensor parallelism lowers per-token latency at batch 1.
     tp = [CostModel.for_names("qwen3-32b", "h100", t).decode_token_s(1) for t in (1, 2, 4, 8)]
     assert tp == sorted(tp, reverse=True)

@@ -39,9 +39,11 @@ def test_batch_of_64_completes_with_every_trajectory_recorded(
             report = await asyncio.wait_for(handle.report(), 240)
 
             assert report.trajectories == 64
-            assert report.completed == 64 and report.failed == 0
+            assert report.completed == 64
+            assert report.failed == 0
             assert report.generated_tokens == expected_tokens
-            assert report.makespan_s > 0 and report.throughput_tok_s > 0
+            assert report.makespan_s > 0
+            assert report.throughput_tok_s > 0
             assert report.completion_s["max"] <= report.makespan_s + 1e-6
 
             rows = await client.list_trajectories(handle.batch_id)
@@ -56,16 +58,20 @@ def test_batch_of_64_completes_with_every_trajectory_recorded(
             assert client.store.count_steps(handle.batch_id) == sum(expected_steps.values())
 
             one = await client.inspect_trajectory(handle.batch_id, records[0].spec.trajectory_id)
-            assert one is not None and one["workflow"]["status"] == "COMPLETED"
+            assert one is not None
+            assert one["workflow"]["status"] == "COMPLETED"
             spec0 = records[0].spec
-            assert [s["output_tokens"] for s in one["steps"]] == [s.output_tokens for s in spec0.steps]
+            assert [s["output_tokens"] for s in one["steps"]] == [
+                s.output_tokens for s in spec0.steps
+            ]
             # A later turn of the same trajectory on the same instance finds its prefix cached.
             for prev, step in zip(one["steps"], one["steps"][1:], strict=False):
                 if step["instance_id"] == prev["instance_id"]:
                     assert step["cached_tokens"] > 0
 
             batch = client.store.get_batch(handle.batch_id)
-            assert batch is not None and batch["status"] == "completed"
+            assert batch is not None
+            assert batch["status"] == "completed"
             assert batch["report"]["generated_tokens"] == expected_tokens
 
             n = await count_workflows(

@@ -12,8 +12,13 @@ from tests.factories import traj
 
 
 def _record(tid: str):  # type: ignore[no-untyped-def]
-    line = traj(tid, [{"output_tokens": 3, "tool": "python", "tool_latency_s": 0.1,
-                       "tool_output_tokens": 4}, {"output_tokens": 2}]) | {"prompt_text": "hello"}
+    line = traj(
+        tid,
+        [
+            {"output_tokens": 3, "tool": "python", "tool_latency_s": 0.1, "tool_output_tokens": 4},
+            {"output_tokens": 2},
+        ],
+    ) | {"prompt_text": "hello"}
     return parse_line(line, path="mem", line=1)
 
 
@@ -29,7 +34,9 @@ def test_batch_insert_is_atomic(store_url: str) -> None:
     opts = RolloutOptions()
     store.create_batch(batch_id="b", records=[_record("a")], options=opts, source="x", created_at=0)
     with pytest.raises(ValueError, match="already exists"):
-        store.create_batch(batch_id="b", records=[_record("z")], options=opts, source="x", created_at=0)
+        store.create_batch(
+            batch_id="b", records=[_record("z")], options=opts, source="x", created_at=0
+        )
 
     def records():  # fails half-way through
         yield _record("c1")
@@ -44,8 +51,9 @@ def test_batch_insert_is_atomic(store_url: str) -> None:
 
 def test_step_and_finish_writes_are_idempotent(store_url: str) -> None:
     store = TrajectoryStore.open(store_url)
-    store.create_batch(batch_id="b", records=[_record("a")], options=RolloutOptions(), source="x",
-                       created_at=0)
+    store.create_batch(
+        batch_id="b", records=[_record("a")], options=RolloutOptions(), source="x", created_at=0
+    )
     for _ in range(3):  # a retried activity writes the same row again
         store.record_step(StepRecord("b", "a", 0, "i0", 5, 3, tool="python", tool_status="ok"))
     store.record_step(StepRecord("b", "a", 1, "i1", 12, 2))
@@ -55,5 +63,27 @@ def test_step_and_finish_writes_are_idempotent(store_url: str) -> None:
     got = store.get_trajectory("b", "a")
     assert got is not None
     assert [s["step_index"] for s in got["steps"]] == [0, 1]
-    assert got["status"] == "completed" and got["turns"] == 2 and got["generated_tokens"] == 5
+    assert got["status"] == "completed"
+    assert got["turns"] == 2
+    assert got["generated_tokens"] == 5
     assert store.count_steps("b") == 2
+
+
+def test_postgresql_by_url(postgres_url: str) -> None:
+    """The same store code on PostgreSQL: migrations, batch, idempotent steps."""
+    store = TrajectoryStore.open(postgres_url)
+    assert {"batches", "trajectories", "steps", "texts"} <= set(
+        inspect(store.engine).get_table_names()
+    )
+    store.create_batch(
+        batch_id="pg", records=[_record("a")], options=RolloutOptions(), source="x", created_at=0
+    )
+    for _ in range(2):
+        store.record_step(StepRecord("pg", "a", 0, "i0", 5, 3))
+    store.finish_trajectory(TrajectorySummary("pg", "a", "g0", "completed", "answer", 1, 3, 0))
+    got = store.get_trajectory("pg", "a")
+    assert got is not None
+    assert len(got["steps"]) == 1
+    assert got["status"] == "completed"
+    assert store.load_specs("pg", 0, 10)[0].trajectory_id == "a"
+    store.close()

@@ -21,7 +21,8 @@ def test_python_runs_code_in_a_throwaway_directory() -> None:
     obs = run(PythonSandbox().run("import os; print(os.getcwd()); open('f.txt','w').write('x')"))
     assert obs.status == "ok"
     workdir = obs.text.strip()
-    assert workdir.startswith("/") and "heddle-py-" in workdir
+    assert workdir.startswith("/")
+    assert "heddle-py-" in workdir
     assert not os.path.exists(workdir)  # deleted afterwards
 
 
@@ -54,7 +55,10 @@ def test_python_has_no_network() -> None:
     t = threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True)
     t.start()
     try:
-        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+        code = (
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "print('connected')"
+        )
         obs = run(PythonSandbox().run(code))
     finally:
         server.close()
@@ -65,7 +69,8 @@ def test_python_has_no_network() -> None:
 
 def test_python_error_is_an_observation() -> None:
     obs = run(PythonSandbox().run("raise ValueError('boom')"))
-    assert obs.status == "error" and "ValueError: boom" in obs.text
+    assert obs.status == "error"
+    assert "ValueError: boom" in obs.text
 
 
 def test_registry_turns_bad_calls_into_error_observations() -> None:
@@ -76,11 +81,13 @@ def test_registry_turns_bad_calls_into_error_observations() -> None:
 
     registry.register("crashy", crash)
     unknown = run(registry.call("nope", "x"))
-    assert unknown.status == "error" and "unknown tool 'nope'" in unknown.text
+    assert unknown.status == "error"
+    assert "unknown tool 'nope'" in unknown.text
     assert "python" in unknown.text  # lists what exists
     assert run(registry.call("python", None)).status == "error"
     crashed = run(registry.call("crashy", "x"))
-    assert crashed.status == "error" and "tool exploded" in crashed.text
+    assert crashed.status == "error"
+    assert "tool exploded" in crashed.text
 
 
 def test_calculator() -> None:

@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
@@ -89,7 +89,8 @@ class RolloutBatchWorkflow:
                 pending.add(asyncio.ensure_future(self._start(inp, buffered.pop())))
             if not pending:
                 break
-            done, pending = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, still = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending = set(still)
             for task in done:
                 summary = task.result()
                 self._generated += summary.generated_tokens
@@ -148,11 +149,11 @@ class RolloutBatchWorkflow:
                 execution_timeout=timedelta(days=7),
                 search_attributes=TypedSearchAttributes(
                     [
-                        sa.BATCH.value_set(inp.batch_id),
-                        sa.GROUP.value_set(spec.group_id),
-                        sa.WORKLOAD.value_set(spec.workload),
-                        sa.STATUS.value_set("running"),
-                        sa.TURN.value_set(0),
+                        SearchAttributePair(sa.BATCH, inp.batch_id),
+                        SearchAttributePair(sa.GROUP, spec.group_id),
+                        SearchAttributePair(sa.WORKLOAD, spec.workload),
+                        SearchAttributePair(sa.STATUS, "running"),
+                        SearchAttributePair(sa.TURN, 0),
                     ]
                 ),
                 static_summary=(

@@ -26,6 +26,7 @@ def retry(max_attempts: int) -> RetryPolicy:
 
 # Store writes are idempotent; keep trying for a while before giving up.
 STORE_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5),
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=5),
     maximum_attempts=20,
 )

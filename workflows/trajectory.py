@@ -12,8 +12,8 @@ with workflow.unsafe.imports_passed_through():
     from heddle.types import (
         DecideRequest,
         Decision,
-        GenerateResult,
         GenerateRequest,
+        GenerateResult,
         RewardRequest,
         StepRecord,
         StepReport,

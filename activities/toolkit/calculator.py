@@ -9,15 +9,33 @@ import operator
 from activities.toolkit.base import Observation
 
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS = {
     name: getattr(math, name)
-    for name in ("sqrt", "log", "log2", "log10", "exp", "sin", "cos", "tan", "floor", "ceil",
-                 "factorial", "gcd", "comb", "perm")
+    for name in (
+        "sqrt",
+        "log",
+        "log2",
+        "log10",
+        "exp",
+        "sin",
+        "cos",
+        "tan",
+        "floor",
+        "ceil",
+        "factorial",
+        "gcd",
+        "comb",
+        "perm",
+    )
 } | {"abs": abs, "round": round, "min": min, "max": max}
 _CONSTS = {"pi": math.pi, "e": math.e}
 MAX_EXPONENT = 10_000
@@ -27,7 +45,11 @@ MAX_INPUT_CHARS = 2_000
 def _eval(node: ast.AST) -> float | int:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)

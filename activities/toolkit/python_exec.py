@@ -9,6 +9,7 @@ and a cap on the output kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import shutil
@@ -43,7 +44,10 @@ def _netns_prefix() -> tuple[str, ...]:
         return ()
     for flags in (["-n"], ["-rn"]):
         try:
-            ok = subprocess.run([exe, *flags, "true"], capture_output=True, timeout=5).returncode == 0
+            ok = (
+                subprocess.run([exe, *flags, "true"], capture_output=True, timeout=5).returncode
+                == 0
+            )
         except (OSError, subprocess.TimeoutExpired):
             ok = False
         if ok:
@@ -104,7 +108,5 @@ class PythonSandbox:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

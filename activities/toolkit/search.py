@@ -44,11 +44,15 @@ class LocalSearch:
             return []
         match = " OR ".join(f'"{t}"' for t in terms)
         with self._lock:
-            return self._connect().execute(
-                "SELECT title, snippet(docs, 1, '', '', '…', 24) FROM docs WHERE docs MATCH ? "
-                "ORDER BY rank LIMIT ?",
-                (match, MAX_RESULTS),
-            ).fetchall()
+            return (
+                self._connect()
+                .execute(
+                    "SELECT title, snippet(docs, 1, '', '', '…', 24) FROM docs WHERE docs MATCH ? "
+                    "ORDER BY rank LIMIT ?",
+                    (match, MAX_RESULTS),
+                )
+                .fetchall()
+            )
 
     async def search(self, query: str) -> Observation:
         if not query.strip():

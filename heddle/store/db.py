@@ -277,7 +277,11 @@ class TrajectoryStore:
                 select(StepRow).where(StepRow.trajectory_key == key).order_by(StepRow.step_index)
             ).all()
             out["steps"] = [
-                {c.key: getattr(st, c.key) for c in StepRow.__table__.columns if c.key != "trajectory_key"}
+                {
+                    c.key: getattr(st, c.key)
+                    for c in StepRow.__table__.columns
+                    if c.key != "trajectory_key"
+                }
                 for st in steps
             ]
             return out
