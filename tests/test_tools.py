@@ -10,7 +10,7 @@ import threading
 
 from activities.toolkit import default_registry
 from activities.toolkit.base import Observation, count_tokens
-from activities.toolkit.python_exec import PythonSandbox
+from activities.toolkit.python_exec import NOBODY, PythonSandbox, _launcher
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -24,6 +24,15 @@ def test_python_runs_code_in_a_throwaway_directory() -> None:
     assert workdir.startswith("/")
     assert "heddle-py-" in workdir
     assert not os.path.exists(workdir)  # deleted afterwards
+
+
+def test_python_does_not_run_as_root() -> None:
+    _, _, as_nobody = _launcher()
+    obs = run(PythonSandbox().run("import os; print(os.getuid())"))
+    assert obs.status == "ok"
+    if os.geteuid() == 0:
+        assert as_nobody
+        assert obs.text.strip() == str(NOBODY)
 
 
 def test_python_wall_clock_timeout_kills_the_process_group() -> None:

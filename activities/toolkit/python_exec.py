@@ -1,9 +1,10 @@
 """Run model-written Python in a throw-away sandbox.
 
-Limits: a wall-clock timeout (the process group is killed), CPU seconds and address space
-(rlimits), no network (a fresh network namespace where the kernel allows it, and an audit
-hook that refuses sockets in any case), a temporary working directory deleted afterwards,
-and a cap on the output kept.
+Limits: a wall-clock timeout (the process group is killed), CPU seconds, address space,
+file size and process count (rlimits), no network (a fresh network namespace where the
+kernel allows it, and an audit hook that refuses sockets in any case), the unprivileged
+user `nobody` when the worker runs as root, a temporary working directory deleted
+afterwards, and a cap on the output kept.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -22,37 +22,60 @@ from functools import cache
 
 from activities.toolkit.base import Observation
 
-# Runs before the user's code in the child: socket use raises, whatever the code imports.
+# Runs before the user's code in the child: the limits, then an audit hook that refuses
+# sockets whatever the code imports. Limits are set here rather than in a preexec_fn,
+# which is unsafe in the worker's multi-threaded process.
 _BOOTSTRAP = """
-import sys
+import resource, sys
+cpu_s, memory_bytes, file_bytes, max_procs = (int(a) for a in sys.argv[1:5])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if max_procs:
+    resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
 def _deny_network(event, args):
     if event in ("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
                  "socket.gethostbyname", "socket.sendto"):
         raise PermissionError("network access is disabled in the sandbox")
 sys.addaudithook(_deny_network)
-del _deny_network
+del _deny_network, resource
+sys.argv = ["main.py"]
 __file__ = "main.py"
 exec(compile(open("main.py", encoding="utf-8").read(), "main.py", "exec"), {"__name__": "__main__"})
 """
+NOBODY = 65534
+
+
+def _works(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 @cache
-def _netns_prefix() -> tuple[str, ...]:
-    """`unshare -n` (or `-rn` without root) if this kernel lets us make a network namespace."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return ()
-    for flags in (["-n"], ["-rn"]):
-        try:
-            ok = (
-                subprocess.run([exe, *flags, "true"], capture_output=True, timeout=5).returncode
-                == 0
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return (exe, *flags)
-    return ()
+def _launcher() -> tuple[tuple[str, ...], str, bool]:
+    """How to start the sandbox here: (argv prefix, python, drops to nobody).
+
+    A fresh network namespace (`unshare -n`, or `-rn` without root) where the kernel
+    allows it; as root, privileges dropped to nobody with `setpriv` where a Python that
+    nobody may run exists.
+    """
+    prefix: tuple[str, ...] = ()
+    unshare = shutil.which("unshare")
+    if unshare is not None:
+        for flags in (["-n"], ["-rn"]):
+            if _works([unshare, *flags, "true"]):
+                prefix = (unshare, *flags)
+                break
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() == 0 and setpriv is not None:
+        drop = (setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+        for python in (sys.executable, "/usr/bin/python3"):
+            if os.path.exists(python) and _works([*prefix, *drop, python, "-c", "pass"]):
+                return (*prefix, *drop), python, True
+    return prefix, sys.executable, False
 
 
 @dataclass(frozen=True)
@@ -62,21 +85,19 @@ class PythonSandbox:
     memory_bytes: int = 512 * 1024 * 1024
     max_output_chars: int = 8_000
     max_file_bytes: int = 16 * 1024 * 1024
-
-    def _limits(self) -> None:  # runs in the child between fork and exec
-        os.setsid()
-        # SIGXCPU at the soft limit (reported as such), SIGKILL a second later.
-        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.max_file_bytes, self.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    max_procs: int = 64  # applied when running as nobody (the limit counts the user's)
 
     async def run(self, code: str) -> Observation:
         workdir = tempfile.mkdtemp(prefix="heddle-py-")
         try:
             with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
                 fh.write(code)
-            argv = [*_netns_prefix(), sys.executable, "-I", "-S", "-c", _BOOTSTRAP]
+            prefix, python, as_nobody = _launcher()
+            if as_nobody:
+                os.chown(workdir, NOBODY, NOBODY)
+                os.chown(os.path.join(workdir, "main.py"), NOBODY, NOBODY)
+            limits = (self.cpu_s, self.memory_bytes, self.max_file_bytes, self.max_procs)
+            argv = [*prefix, python, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits)]
             env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -85,7 +106,7 @@ class PythonSandbox:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                preexec_fn=self._limits,
+                start_new_session=True,  # its own process group, killed as one
             )
             try:
                 stdout, _ = await asyncio.wait_for(proc.communicate(), self.timeout_s)

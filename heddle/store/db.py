@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,8 +51,18 @@ def spec_from_json(text: str) -> TrajectorySpec:
     return TrajectorySpec(**data)
 
 
+# Alembic keeps its migration context in module globals: two upgrades at once in one
+# process (a worker and a client side by side) corrupt each other, so they take turns.
+_UPGRADE_LOCK = threading.Lock()
+
+
 def upgrade(url: str) -> None:
     """Bring the store's schema to the newest Alembic revision."""
+    with _UPGRADE_LOCK:
+        _upgrade(url)
+
+
+def _upgrade(url: str) -> None:
     from alembic import command
     from alembic.config import Config
 
