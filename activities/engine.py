@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from engines.core import RequestTooLarge
 from engines.request import EngineRequest
 from engines.simulated import SimulatedEngine
 from heddle import activity_names as names
@@ -40,17 +42,19 @@ class EngineActivities:
                 attempt=info.attempt,
                 resumed_tokens=resumed,
             )
-        async with heartbeating(lambda: made):
-            result = await self.engine.generate(
-                EngineRequest(
-                    request_id=f"{request.request_id}#{info.attempt}",
-                    prefix_key=request.trajectory_id,
-                    context_tokens=request.context_tokens + resumed,
-                    max_new_tokens=request.max_new_tokens - resumed,
-                    priority=request.priority,
-                ),
-                on_progress,
-            )
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id}#{info.attempt}",
+            prefix_key=request.trajectory_id,
+            context_tokens=request.context_tokens + resumed,
+            max_new_tokens=request.max_new_tokens - resumed,
+            priority=request.priority,
+        )
+        try:
+            async with heartbeating(lambda: made):
+                result = await self.engine.generate(engine_request, on_progress)
+        except RequestTooLarge as exc:
+            # No retry can make it fit; the trajectory fails, the batch goes on.
+            raise ApplicationError(str(exc), type="RequestTooLarge", non_retryable=True) from exc
         return GenerateResult(
             instance_id=self.engine.instance_id,
             output_tokens=resumed + result.output_tokens,

@@ -21,6 +21,10 @@ from engines.request import EngineRequest
 IterationCost = Callable[..., float]  # CostModel.iteration_s
 
 
+class RequestTooLarge(ValueError):
+    """A request whose context and output can never fit in the instance's KV cache."""
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     kv_capacity_tokens: int
@@ -60,7 +64,7 @@ class EngineCore:
     def add_request(self, request: EngineRequest) -> None:
         need = request.context_tokens + request.max_new_tokens
         if need > self.limits.kv_capacity_tokens:
-            raise ValueError(
+            raise RequestTooLarge(
                 f"request {request.request_id} needs {need} KV tokens; "
                 f"the instance holds {self.limits.kv_capacity_tokens}"
             )

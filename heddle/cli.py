@@ -284,7 +284,10 @@ def _report_table(report: dict[str, Any], ui_url: str | None) -> Table:
 
 @app.command()
 def rollout(
-    trace: Annotated[Path, typer.Option(help="Trace file (JSON Lines).")],
+    trace: Annotated[Path | None, typer.Option(help="Trace file (JSON Lines).")] = None,
+    spec: Annotated[
+        Path | None, typer.Option(help="Batch spec YAML (workload, prompts, samples, seed).")
+    ] = None,
     cluster: ClusterOpt = None,
     address: Address = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -306,14 +309,28 @@ def rollout(
     queue_prefix: Annotated[str, typer.Option(help="Task-queue prefix of the workers.")] = "",
     quiet: bool = False,
 ) -> None:
-    """Run a rollout batch from a trace and print its report."""
+    """Run a rollout batch from a trace (or a batch spec) and print its report."""
     from heddle.client import HeddleClient, validate_options
+    from heddle.config import load_batch_spec
     from heddle.trace import load_trace
     from heddle.types import RolloutOptions
+    from heddle.workloads import generate
 
+    if (trace is None) == (spec is None):
+        raise _fail("give exactly one of --trace FILE or --spec FILE")
     # Everything the user gave is checked before anything starts.
     try:
-        records = load_trace(trace)
+        if trace is not None:
+            records = load_trace(trace)
+        else:
+            bs = load_batch_spec(spec)  # type: ignore[arg-type]
+            records = generate(
+                bs.workload,
+                prompts=bs.prompts,
+                samples=bs.samples,
+                seed=bs.seed,
+                iteration=bs.iteration,
+            )
         cfg = _cluster(cluster)
         options = RolloutOptions(
             policy=policy,

@@ -17,11 +17,13 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
+from heddle.config import BatchSpec
 from heddle.queues import trajectories_queue
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
 from heddle.types import BatchInput, BatchReport, RolloutOptions
+from heddle.workloads import generate
 from scheduler.registry import policy_names
 from workflows.batch import RolloutBatchWorkflow
 
@@ -85,35 +87,50 @@ class HeddleClient:
         *,
         trace: str | Path | None = None,
         records: list[TraceRecord] | None = None,
+        spec: BatchSpec | None = None,
         options: RolloutOptions | None = None,
         batch_id: str | None = None,
     ) -> RolloutHandle:
-        """Validate the trace and options, store the batch, then start its workflow.
+        """Validate the input and options, store the batch, then start its workflow.
 
-        A bad trace raises `TraceError` before the store or Temporal is touched.
+        The batch comes from a trace file, from trace records, or from a batch spec (a
+        synthetic workload). A bad trace raises `TraceError` before the store or Temporal
+        is touched.
         """
-        if (trace is None) == (records is None):
-            raise ValueError("pass exactly one of trace= or records=")
-        if records is None:
-            records = await asyncio.to_thread(load_trace, trace)  # type: ignore[arg-type]
+        if sum(x is not None for x in (trace, records, spec)) != 1:
+            raise ValueError("pass exactly one of trace=, records= or spec=")
+        source = "records"
+        if trace is not None:
+            records = await asyncio.to_thread(load_trace, trace)
+            source = str(trace)
+        elif spec is not None:
+            records = generate(
+                spec.workload,
+                prompts=spec.prompts,
+                samples=spec.samples,
+                seed=spec.seed,
+                iteration=spec.iteration,
+            )
+            source = f"spec:{spec.model_dump_json()}"
+        batch: list[TraceRecord] = records or []
         options = replace(options or RolloutOptions(), queue_prefix=self.queue_prefix)
         validate_options(options)
         batch_id = batch_id or new_batch_id()
         await asyncio.to_thread(
             lambda: self.store.create_batch(
                 batch_id=batch_id,
-                records=records,
+                records=batch,
                 options=options,
-                source=str(trace) if trace is not None else "records",
+                source=source,
                 created_at=time.time(),
             )
         )
         handle = await self.temporal.start_workflow(
             RolloutBatchWorkflow.run,
-            BatchInput(batch_id=batch_id, num_trajectories=len(records), options=options),
+            BatchInput(batch_id=batch_id, num_trajectories=len(batch), options=options),
             id=batch_id,
             task_queue=trajectories_queue(self.queue_prefix),
-            static_summary=f"rollout of {len(records)} trajectories ({options.policy})",
+            static_summary=f"rollout of {len(batch)} trajectories ({options.policy})",
         )
         return RolloutHandle(batch_id=batch_id, workflow=handle)
 

@@ -7,7 +7,7 @@ engine limits. Errors name the file, the line and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -15,13 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from engines.costmodel import GPUS, MODELS
 from heddle.errors import ConfigError
 
-
-class EngineLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=16)
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+M = TypeVar("M", bound=BaseModel)
 
 
 class ClusterConfig(BaseModel):
@@ -55,14 +49,6 @@ class ClusterConfig(BaseModel):
             )
         return self
 
-    @property
-    def limits(self) -> EngineLimits:
-        return EngineLimits(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-        )
-
     def instance_ids(self) -> list[str]:
         """The homogeneous default split: one instance per `default_tp` GPUs."""
         return [f"i{k}" for k in range(self.num_gpus // self.default_tp)]
@@ -89,8 +75,39 @@ def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+class BatchSpec(BaseModel):
+    """A rollout batch described by its workload instead of a trace file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: str
+    prompts: int = Field(4, ge=1)
+    samples: int = Field(16, ge=1)
+    seed: int = 0
+    iteration: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> BatchSpec:
+        from heddle.workloads import WORKLOADS
+
+        if self.workload not in WORKLOADS:
+            raise ValueError(
+                f"workload: unknown workload {self.workload!r}; valid: {sorted(WORKLOADS)}"
+            )
+        return self
+
+
 def load_cluster(path: str | Path) -> ClusterConfig:
     """Read a cluster YAML file; raise `ConfigError` naming file, line and field."""
+    return _load_yaml_model(path, ClusterConfig, "cluster")
+
+
+def load_batch_spec(path: str | Path) -> BatchSpec:
+    """Read a batch spec YAML file (workload, prompts, samples, seed, iteration)."""
+    return _load_yaml_model(path, BatchSpec, "batch spec")
+
+
+def _load_yaml_model(path: str | Path, model: type[M], what: str) -> M:
     path_str = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -107,7 +124,7 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     if not isinstance(data, dict):
         raise ConfigError(path_str, 1, None, "must be a YAML mapping")
     try:
-        return ClusterConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))
@@ -118,5 +135,5 @@ def load_cluster(path: str | Path) -> ClusterConfig:
             field, msg = msg.removeprefix("Value error, ").split(": ", 1)
             loc = (field,)
         if err.get("type") == "extra_forbidden":
-            msg = "is not a cluster field"
+            msg = f"is not a {what} field"
         raise ConfigError(path_str, _yaml_line(text, loc), field, msg) from exc

@@ -126,18 +126,23 @@ def test_rollout_on_the_embedded_stack(tmp_path: Path) -> None:
     assert listing.stdout.count("completed") == 16
 
 
+@pytest.mark.parametrize("source", ["trace", "spec"])
 def test_rollout_against_a_running_server(
-    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path, source: str
 ) -> None:
-    trace = write_records(tmp_path / "t.jsonl", generate("search", prompts=1, samples=4, seed=2))
+    if source == "trace":
+        path = write_records(tmp_path / "t.jsonl", generate("search", prompts=1, samples=4))
+    else:
+        path = tmp_path / "spec.yaml"
+        path.write_text("workload: search\nprompts: 1\nsamples: 4\n")
 
     async def run() -> subprocess.CompletedProcess[str]:
         async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
             return await asyncio.to_thread(
                 heddle,
                 "rollout",
-                "--trace",
-                str(trace),
+                f"--{source}",
+                str(path),
                 "--address",
                 temporal_address,
                 "--store",

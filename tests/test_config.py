@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from heddle.config import ClusterConfig, load_cluster
+from heddle.config import BatchSpec, ClusterConfig, load_batch_spec, load_cluster
 from heddle.errors import ConfigError
 
 
@@ -49,3 +49,16 @@ def test_bad_cluster_names_file_line_and_field(
     assert info.value.line == line
     assert info.value.field == field
     assert words in str(info.value)
+
+
+def test_batch_spec(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("workload: search\nprompts: 2\nsamples: 4\nseed: 3\n")
+    assert load_batch_spec(path) == BatchSpec(workload="search", prompts=2, samples=4, seed=3)
+    path.write_text("workload: search\nprompts: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_batch_spec(path)
+    assert (info.value.line, info.value.field) == (2, "prompts")
+    path.write_text("workload: poetry\n")
+    with pytest.raises(ConfigError, match="unknown workload 'poetry'"):
+        load_batch_spec(path)

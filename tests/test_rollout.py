@@ -8,7 +8,8 @@ import time
 from temporalio.client import Client
 
 from heddle.client import HeddleClient
-from heddle.types import RolloutOptions
+from heddle.trace import TraceRecord
+from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from tests.live import in_process_worker
 
@@ -111,5 +112,82 @@ def test_turn_and_token_limits_end_a_trajectory(
                 else:
                     assert row["finish_reason"] == "answer"
             assert report.generated_tokens == sum(r["generated_tokens"] for r in rows)
+
+    asyncio.run(run())
+
+
+def test_a_failing_trajectory_does_not_fail_the_batch(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    good = generate("math", prompts=1, samples=6, seed=1)
+    # A context no KV cache holds (Qwen3-8B on H100 keeps ~350K tokens): the engine
+    # refuses it, the step is not retried, the trajectory fails, the others complete.
+    huge = TraceRecord(
+        spec=TrajectorySpec("huge", "g-huge", 1_000_000, (StepSpec(output_tokens=10),))
+    )
+
+    async def run() -> None:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            handle = await client.start_rollout(records=[*good, huge])
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert (report.completed, report.failed) == (6, 1)
+            assert report.failed_ids == ["huge"]
+            row = (await client.list_trajectories(handle.batch_id, status="failed"))[0]
+            assert row["trajectory_id"] == "huge"
+            assert row["finish_reason"] == "error"
+            assert "RequestTooLarge" in row["error"] or "KV tokens" in row["error"]
+
+    asyncio.run(run())
+
+
+def test_real_tools_run_and_their_observations_are_stored(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    def step(tool: str, tool_input: str | None) -> StepSpec:
+        return StepSpec(
+            output_tokens=5,
+            tool=tool,
+            tool_latency_s=0.1,
+            tool_output_tokens=1,
+            tool_input=tool_input,
+        )
+
+    spec = TrajectorySpec(
+        "tools", "g", 20,
+        (
+            step("python", "print(sum(range(10)))"),
+            step("calculator", "6*7"),
+            step("search", "highest mountain"),
+            step("teleport", "mars"),
+            step("python", "raise SystemExit(3)"),
+            StepSpec(output_tokens=5),
+        ),
+    )  # fmt: skip
+
+    async def run() -> None:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            handle = await client.start_rollout(
+                records=[TraceRecord(spec=spec)], options=RolloutOptions(tools="real")
+            )
+            report = await asyncio.wait_for(handle.report(), 60)
+            assert report.completed == 1
+            got = await client.inspect_trajectory(handle.batch_id, "tools")
+            assert got is not None
+            steps = got["steps"]
+            texts = [client.store.get_text(s["observation_ref"]) for s in steps[:5]]
+            assert [s["tool_status"] for s in steps[:5]] == ["ok", "ok", "ok", "error", "error"]
+            assert texts[0] == "45\n"
+            assert texts[1] == "42"
+            assert "Mount Everest" in texts[2]
+            assert "unknown tool 'teleport'" in texts[3]
+            assert steps[0]["tool_output_tokens"] == 1
+            assert got["reward"] == 0.0  # the last tool call failed
+            assert got["status"] == "completed"
 
     asyncio.run(run())

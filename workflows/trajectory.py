@@ -75,7 +75,11 @@ class TrajectoryWorkflow:
                 )
                 self._turn, self._instance = index + 1, decision.instance_id
                 workflow.upsert_search_attributes(
-                    [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(decision.instance_id)]
+                    [
+                        sa.TURN.value_set(self._turn),
+                        sa.INSTANCE.value_set(decision.instance_id),
+                        sa.GENERATED.value_set(self._generated),
+                    ]
                 )
                 try:
                     generated = await workflow.execute_activity(
@@ -203,4 +207,3 @@ class TrajectoryWorkflow:
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
         )
-        workflow.upsert_search_attributes([sa.GENERATED.value_set(self._generated)])
