@@ -191,3 +191,31 @@ def test_real_tools_run_and_their_observations_are_stored(
             assert got["status"] == "completed"
 
     asyncio.run(run())
+
+
+def test_in_flight_window_bounds_concurrent_trajectories(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    records = generate("math", prompts=1, samples=16, seed=8)
+
+    async def run() -> None:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            handle = await client.start_rollout(
+                records=records, options=RolloutOptions(max_in_flight=4)
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == 16
+            rows = await client.list_trajectories(handle.batch_id)
+            events = sorted(
+                [(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows]
+            )
+            live = peak = 0
+            for _, delta in events:
+                live += delta
+                peak = max(peak, live)
+            assert peak == 4
+
+    asyncio.run(run())
