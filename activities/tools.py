@@ -38,7 +38,10 @@ class ToolActivities:
                 latency_s=request.latency_s,
             )
         started = time.monotonic()
-        observation = await self.registry.call(request.tool, request.tool_input)
+        tool_input = None
+        if request.tool_input_ref:
+            tool_input = await asyncio.to_thread(self.store.get_text, request.tool_input_ref)
+        observation = await self.registry.call(request.tool, tool_input)
         elapsed = time.monotonic() - started
         ref = f"{trajectory_key(request.batch_id, request.trajectory_id)}/obs/{request.step_index}"
         await asyncio.to_thread(self.store.put_text, ref, observation.text)

@@ -21,8 +21,10 @@ class StepSpec:
     tool_latency_s: float = 0.0
     tool_status: str = "ok"
     tool_output_tokens: int = 0
-    # Argument of a real tool call (code, expression, query); replay ignores it.
+    # Argument of a real tool call (code, expression, query); replay ignores it. In the
+    # store and in workflow history it is replaced by `tool_input_ref`, a store key.
     tool_input: str | None = None
+    tool_input_ref: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class ToolRequest:
     latency_s: float = 0.0
     status: str = "ok"
     output_tokens: int = 0
-    tool_input: str | None = None
+    tool_input_ref: str = ""  # store key of the call's argument
     batch_id: str = ""
 
 

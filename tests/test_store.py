@@ -87,3 +87,28 @@ def test_postgresql_by_url(postgres_url: str) -> None:
     assert got["status"] == "completed"
     assert store.load_specs("pg", 0, 10)[0].trajectory_id == "a"
     store.close()
+
+
+def test_tool_inputs_are_kept_as_texts_and_specs_carry_their_keys(store_url: str) -> None:
+    store = TrajectoryStore.open(store_url)
+    line = traj(
+        "a",
+        [
+            {
+                "output_tokens": 3,
+                "tool": "python",
+                "tool_latency_s": 0.1,
+                "tool_output_tokens": 4,
+                "tool_input": "print(1)",
+            },
+            {"output_tokens": 2},
+        ],
+    )
+    record = parse_line(line, path="mem", line=1)
+    store.create_batch(
+        batch_id="b", records=[record], options=RolloutOptions(), source="x", created_at=0
+    )
+    step = store.load_specs("b", 0, 1)[0].steps[0]
+    assert step.tool_input is None  # workflow history carries the key, not the code
+    assert step.tool_input_ref == "b/a/tool_input/0"
+    assert store.get_text(step.tool_input_ref) == "print(1)"

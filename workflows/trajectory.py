@@ -135,7 +135,7 @@ class TrajectoryWorkflow:
                             latency_s=step.tool_latency_s,
                             status=step.tool_status,
                             output_tokens=step.tool_output_tokens,
-                            tool_input=step.tool_input,
+                            tool_input_ref=step.tool_input_ref,
                             batch_id=inp.batch_id,
                         ),
                         task_queue=tools_queue(opts.queue_prefix),

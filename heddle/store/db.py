@@ -136,6 +136,14 @@ class TrajectoryStore:
                 for i, text in enumerate(record.step_texts):
                     if text is not None:
                         s.add(TextRow(ref=f"{key}/trace/{i}", content=text))
+                # Tool arguments go to the texts table; the spec keeps their keys.
+                steps = list(spec.steps)
+                for i, step in enumerate(steps):
+                    if step.tool_input is not None:
+                        ref = f"{key}/tool_input/{i}"
+                        s.add(TextRow(ref=ref, content=step.tool_input))
+                        steps[i] = dataclasses.replace(step, tool_input=None, tool_input_ref=ref)
+                spec = dataclasses.replace(spec, steps=tuple(steps))
                 s.add(
                     TrajectoryRow(
                         key=key,
