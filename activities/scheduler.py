@@ -7,7 +7,7 @@ import time
 from temporalio import activity
 
 from heddle import activity_names as names
-from heddle.types import DecideRequest, Decision, StepReport
+from heddle.types import DecideRequest, Decision, StepReport, TrajectoryDone
 from scheduler.service import SchedulerService
 
 
@@ -22,3 +22,7 @@ class SchedulerActivities:
     @activity.defn(name=names.REPORT_STEP)
     async def report_step(self, report: StepReport) -> None:
         self.service.report(report)
+
+    @activity.defn(name=names.REPORT_DONE)
+    async def report_done(self, done: TrajectoryDone) -> None:
+        self.service.finished(done)

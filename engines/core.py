@@ -47,6 +47,37 @@ class StepOutput:
     num_decode_seqs: int = 0
 
 
+@dataclass(frozen=True)
+class DecodeBlock:
+    """A run of plain decode iterations over an unchanging set of running requests.
+
+    The simulator advances it in one event instead of `num_iterations` (it is what makes
+    cluster-scale simulation fast). Iteration j (from 0) takes `first_s + j * growth_s`:
+    the context, and so the KV read, grows by `num_seqs` tokens an iteration; that is
+    linear in j within one regime (memory or compute bound), which the cost model is.
+    """
+
+    num_iterations: int
+    num_seqs: int
+    first_s: float
+    growth_s: float
+
+    def elapsed_s(self, iterations: int) -> float:
+        return iterations * self.first_s + self.growth_s * iterations * (iterations - 1) / 2
+
+    def iterations_done_by(self, dt: float) -> int:
+        """Iterations finished by `dt` after the block started, counting the one in
+        progress (an arrival joins at the next iteration boundary, as in vLLM)."""
+        lo, hi = 0, self.num_iterations
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.elapsed_s(mid) >= dt:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
 class EngineCore:
     def __init__(self, *, limits: EngineLimits, iteration_cost: IterationCost) -> None:
         self.limits = limits
@@ -97,6 +128,21 @@ class EngineCore:
 
     def has_work(self) -> bool:
         return bool(self._by_id)
+
+    def put_prefix(self, key: str, tokens: int) -> bool:
+        """A trajectory's KV arrives (migration): keep it as a cached prefix if it fits."""
+        if tokens > self.limits.kv_capacity_tokens - self.num_running_kv_tokens:
+            return False
+        self._cache_put(key, 0)
+        if not self._allocate(tokens):
+            return False
+        self.num_running_kv_tokens -= tokens  # _allocate counted it as running
+        self._cache_put(key, tokens)
+        return True
+
+    def drop_prefix(self, key: str) -> int:
+        """Forget a trajectory's cached KV (it moved elsewhere); return the tokens freed."""
+        return self._cache_take(key)
 
     # ---- KV bookkeeping -------------------------------------------------------------
     def _cache_put(self, key: str, tokens: int) -> None:
@@ -228,6 +274,59 @@ class EngineCore:
         )
         self._update_from_output(scheduled, out)
         self._check_invariants(scheduled)
+        return out
+
+    # ---- fast-forward (simulator) -----------------------------------------------------
+    def decode_block(self, max_iterations: int = 1 << 30) -> DecodeBlock | None:
+        """The decode block starting now, if the next iterations are plain decodes of the
+        same requests; None when the next iteration must be a full `step()`."""
+        limits = self.limits
+        running = self.running
+        num_seqs = len(running)
+        if num_seqs == 0 or num_seqs > limits.max_num_batched_tokens:
+            return None
+        if any(r.is_prefilling for r in running):
+            return None
+        if self.waiting:
+            # Waiting requests stay put only while every seat is taken and none outranks
+            # a running one (ranks do not change inside a block).
+            if num_seqs < limits.max_num_seqs:
+                return None
+            if (
+                limits.policy == "priority"
+                and limits.preemption
+                and rank(self.waiting.peek()) < rank(running[-1])
+            ):
+                return None
+        iterations = min(r.max_new_tokens - r.num_output_tokens for r in running)
+        kv_room = limits.kv_capacity_tokens - self.num_running_kv_tokens
+        iterations = min(iterations, kv_room // num_seqs, max_iterations)
+        if iterations < 2:
+            return None
+        context = self.num_running_kv_tokens
+        first = self._iteration_cost(num_decode_seqs=num_seqs, decode_context_tokens=context)
+        last = self._iteration_cost(
+            num_decode_seqs=num_seqs,
+            decode_context_tokens=context + (iterations - 1) * num_seqs,
+        )
+        return DecodeBlock(iterations, num_seqs, first, (last - first) / (iterations - 1))
+
+    def advance_decode(self, block: DecodeBlock, iterations: int) -> StepOutput:
+        """Apply the first `iterations` of `block` (state as `step()` would leave it)."""
+        if not 0 < iterations <= block.num_iterations or len(self.running) != block.num_seqs:
+            raise ValueError("the block no longer matches the engine's state")
+        out = StepOutput(duration_s=block.elapsed_s(iterations), num_decode_seqs=block.num_seqs)
+        if not self._allocate(iterations * block.num_seqs):
+            raise AssertionError("a decode block outgrew the KV cache")
+        for request in list(self.running):
+            request.num_computed_tokens += iterations
+            request.num_output_tokens += iterations
+            out.advanced[request.request_id] = iterations
+            if request.is_finished:
+                self._release(request)
+                del self._by_id[request.request_id]
+                out.finished.append(request.request_id)
+        self._check_invariants([])
         return out
 
     def _update_from_output(

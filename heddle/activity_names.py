@@ -6,6 +6,7 @@ from __future__ import annotations
 
 DECIDE = "decide"
 REPORT_STEP = "report_step"
+REPORT_DONE = "report_done"
 GENERATE = "generate"
 RUN_TOOL = "run_tool"
 REWARD = "reward"

@@ -78,6 +78,9 @@ class Decision:
     instance_id: str
     priority: int = 0
     reason: str = ""
+    # Move the trajectory's KV from its previous instance (during its tool call) rather
+    # than recompute its context on the new one.
+    migrate: bool = False
 
 
 @dataclass
@@ -100,6 +103,17 @@ class StepReport:
     step_index: int
     output_tokens: int
     queue_prefix: str = ""
+
+
+@dataclass
+class TrajectoryDone:
+    """Sent to the scheduler service when a trajectory ends (policies learn from it)."""
+
+    trajectory_id: str
+    group_id: str
+    generated_tokens: int
+    turns: int
+    policy: str = "least_loaded"
 
 
 @dataclass

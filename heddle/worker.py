@@ -88,6 +88,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 store_acts.finish_batch,
                 sched_acts.decide,
                 sched_acts.report_step,
+                sched_acts.report_done,
             ],
             max_concurrent_workflow_tasks=200,
             max_concurrent_local_activities=200,

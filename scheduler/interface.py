@@ -1,28 +1,45 @@
 """The questions a policy answers, as small interfaces (DESIGN.md, "Policies").
 
-Policies are pure: they take the state and the time as arguments and return a
-`Decision` with a reason; the scheduler service and the simulator apply it.
+- order: the priority of a step in its instance's queue (`Order`);
+- placement: the instance a step runs on (`Placement`);
+- split: how the GPUs are cut into instances (`Split`).
+
+Policies are pure: they take the state and the time as arguments and return a `Decision`
+with a reason; the scheduler service (live) and the simulator apply it. Placements may
+keep their own bookkeeping (sticky maps, learned trees), fed by the `on_*` hooks; never
+a clock, randomness or I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from heddle.types import Decision
+from heddle.types import Decision, TrajectorySpec
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One engine instance of a split: its id, TP degree and role (e.g. a Libra bucket)."""
+
+    instance_id: str
+    tp: int
+    role: str = ""
 
 
 @dataclass(frozen=True)
 class InstanceState:
     instance_id: str
-    # Steps decided for this instance and not yet reported back (waiting or running).
-    num_in_flight: int = 0
+    num_in_flight: int = 0  # steps placed here and not finished (waiting or running)
+    num_sessions: int = 0  # unfinished trajectories whose last step ran here
+    tp: int = 1
+    role: str = ""
 
 
 @dataclass(frozen=True)
 class StepEvent:
-    """A trajectory about to run its next LLM step."""
+    """A trajectory about to run its next LLM step: everything the system has seen of it."""
 
     trajectory_id: str
     group_id: str
@@ -30,12 +47,79 @@ class StepEvent:
     context_tokens: int
     generated_tokens: int
     previous_instance: str | None = None
+    prompt_tokens: int = 0
+    num_tool_calls: int = 0
+    last_tool: str | None = None
+    last_tool_status: str | None = None
+    last_tool_output_tokens: int = 0
+    # The tool-return path so far: "tool:size-bin:status" per call (Libra's tree key).
+    tool_path: tuple[str, ...] = ()
+    recent_output_tokens: tuple[int, ...] = ()
 
 
-class PlacementPolicy(Protocol):
+class Order(Protocol):
+    """Engine queue discipline and a step's priority in it (lower runs first)."""
+
     @property
-    def name(self) -> str: ...
+    def queue(self) -> str:
+        """The engine's queue policy: "fcfs" or "priority"."""
+        ...
+
+    def priority(self, event: StepEvent, now: float) -> int: ...
+
+
+class Placement(Protocol):
+    def place(
+        self, event: StepEvent, instances: Sequence[InstanceState], now: float
+    ) -> Decision: ...
+
+    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None: ...
+
+    def on_trajectory_done(
+        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
+    ) -> None: ...
+
+
+class Split(Protocol):
+    def instances(self, num_gpus: int) -> list[InstanceSpec]: ...
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy is built from: the cluster's shape and, for policies that learn, an
+    earlier iteration's trajectories."""
+
+    default_tp: int = 1
+    tp_choices: tuple[int, ...] = (1, 2, 4, 8)
+    max_num_seqs: int = 256
+    history: tuple[TrajectorySpec, ...] = ()
+
+
+@dataclass
+class Policy:
+    """A named combination of the answers; the simulator and the live system run it."""
+
+    name: str
+    order: Order
+    placement: Placement
+    split: Split
+    description: str = ""
+    extras: dict[str, object] = field(default_factory=dict)
 
     def decide(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
-        """Pick the instance and priority for the step."""
-        ...
+        placed = self.placement.place(event, instances, now)
+        priority = self.order.priority(event, now)
+        return Decision(
+            instance_id=placed.instance_id,
+            priority=priority,
+            reason=placed.reason,
+            migrate=placed.migrate,
+        )
+
+    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+        self.placement.on_step_done(event, instance_id, output_tokens)
+
+    def on_trajectory_done(
+        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
+    ) -> None:
+        self.placement.on_trajectory_done(trajectory_id, group_id, generated_tokens, num_turns)

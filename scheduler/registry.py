@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.interface import PlacementPolicy
-from scheduler.placement import LeastLoaded
+from scheduler import baselines
+from scheduler.interface import Policy, PolicyContext
 
-POLICIES: dict[str, Callable[[], PlacementPolicy]] = {
-    "least_loaded": LeastLoaded,
+POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
+    "least_loaded": baselines.least_loaded,
+    "verl": baselines.verl,
+    "verl_star": baselines.verl_star,
+    "slime": baselines.slime,
+    "sticky_least_loaded": baselines.sticky_least_loaded,
+    "autellix": baselines.autellix,
+    "libra": baselines.libra,
+    "war": baselines.war,
 }
 
 
@@ -16,9 +23,9 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-def create_policy(name: str) -> PlacementPolicy:
+def create_policy(name: str, ctx: PolicyContext | None = None) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; valid policies: {policy_names()}") from None
-    return factory()
+    return factory(ctx or PolicyContext())

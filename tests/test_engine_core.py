@@ -104,3 +104,65 @@ def test_iteration_time_grows_with_batch_and_context() -> None:
     # Tensor parallelism lowers per-token latency at batch 1.
     tp = [CostModel.for_names("qwen3-32b", "h100", t).decode_token_s(1) for t in (1, 2, 4, 8)]
     assert tp == sorted(tp, reverse=True)
+
+
+def _fast_forward(core, arrivals=()):  # type: ignore[no-untyped-def]
+    """Drain with decode blocks where possible; return (made, total time)."""
+    made: dict[str, int] = {}
+    clock = 0.0
+    while core.has_work():
+        block = core.decode_block()
+        out = core.advance_decode(block, block.num_iterations) if block else core.step()
+        clock += out.duration_s
+        for rid, n in out.advanced.items():
+            made[rid] = made.get(rid, 0) + n
+    return made, clock
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_decode_blocks_match_single_steps(policy: str) -> None:
+    def fill(core):  # type: ignore[no-untyped-def]
+        for i in range(12):
+            core.add_request(
+                request(f"r{i}", context=200 + 37 * i, new=30 + 11 * i, priority=i % 3)
+            )
+
+    slow = create_core(max_num_seqs=8, kv_capacity_tokens=6000, policy=policy)
+    fill(slow)
+    made_slow: dict[str, int] = {}
+    clock_slow = 0.0
+    while slow.has_work():
+        out = slow.step()
+        clock_slow += out.duration_s
+        for rid, n in out.advanced.items():
+            made_slow[rid] = made_slow.get(rid, 0) + n
+    fast = create_core(max_num_seqs=8, kv_capacity_tokens=6000, policy=policy)
+    fill(fast)
+    made_fast, clock_fast = _fast_forward(fast)
+    assert made_fast == made_slow
+    assert clock_fast == pytest.approx(clock_slow, rel=1e-3)
+
+
+def test_partial_block_and_iteration_boundaries() -> None:
+    core = create_core()
+    for i in range(4):
+        core.add_request(request(f"r{i}", context=100, new=50 + i))
+    core.step()  # prefill; every request has its first token
+    block = core.decode_block()
+    assert block is not None
+    assert block.num_iterations == 49  # until r0 finishes
+    assert block.iterations_done_by(0.0) == 0
+    assert block.iterations_done_by(block.first_s * 0.5) == 1  # the one in progress
+    assert block.iterations_done_by(block.elapsed_s(10)) == 10
+    out = core.advance_decode(block, 10)
+    assert out.advanced == {f"r{i}": 10 for i in range(4)}
+    assert not out.finished
+
+
+def test_migrated_prefix_is_a_cache_hit() -> None:
+    core = create_core()
+    assert core.put_prefix("t", 800)
+    core.add_request(request("t/3", context=900, new=5, key="t"))
+    out = core.step()
+    assert out.num_prefill_tokens == 100
+    assert core.drop_prefix("nothing") == 0

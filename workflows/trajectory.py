@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         StepReport,
         ToolRequest,
         ToolResult,
+        TrajectoryDone,
         TrajectoryInput,
         TrajectoryStarted,
         TrajectorySummary,
@@ -191,6 +192,13 @@ class TrajectoryWorkflow:
             summary,
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
+        )
+        await workflow.execute_local_activity(
+            names.REPORT_DONE,
+            TrajectoryDone(
+                spec.trajectory_id, spec.group_id, self._generated, self._turn, opts.policy
+            ),
+            start_to_close_timeout=policy.DECIDE_TIMEOUT,
         )
         workflow.upsert_search_attributes(
             [sa.STATUS.value_set(status), sa.GENERATED.value_set(self._generated)]

@@ -1,0 +1,105 @@
+"""The peers' policies, assembled from the interfaces (REFERENCES.md "The peers' rules").
+
+All of them run every instance at the cluster's `default_tp` (the peers' homogeneous TP)
+except Libra, whose two buckets need two widths.
+"""
+
+from __future__ import annotations
+
+from scheduler.interface import Policy, PolicyContext
+from scheduler.libra import LibraPlacement, MultiLevelFeedback
+from scheduler.order import FirstComeFirstServed, LeastAttainedServiceFirst
+from scheduler.placement import (
+    CacheAware,
+    LeastLoaded,
+    SkewSwitch,
+    StickyLeastSessions,
+    StickySessions,
+)
+from scheduler.split import Buckets, Homogeneous
+from scheduler.war import FewestTurnsLeft, WarPlacement
+
+
+def least_loaded(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "least_loaded",
+        FirstComeFirstServed(),
+        LeastLoaded(),
+        Homogeneous(ctx.default_tp),
+        "per-step least-loaded, FCFS (the walking skeleton's placeholder)",
+    )
+
+
+def verl(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "verl",
+        FirstComeFirstServed(),
+        StickySessions(),
+        Homogeneous(ctx.default_tp),
+        "sticky sessions, least in-flight for new ones, FCFS (verl agent loop)",
+    )
+
+
+def verl_star(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "verl_star",
+        FirstComeFirstServed(),
+        SkewSwitch(),
+        Homogeneous(ctx.default_tp),
+        "least-load when in-flight skew > 32, else sticky (Heddle paper's verl*)",
+    )
+
+
+def slime(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "slime",
+        FirstComeFirstServed(),
+        CacheAware(),
+        Homogeneous(ctx.default_tp),
+        "SGLang router cache_aware: prefix match unless imbalanced (slime)",
+    )
+
+
+def sticky_least_loaded(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "sticky_least_loaded",
+        FirstComeFirstServed(),
+        StickyLeastSessions(),
+        Homogeneous(ctx.default_tp),
+        "fewest active sessions for a new session, then sticky (SkyRL, vllm-router)",
+    )
+
+
+def autellix(ctx: PolicyContext) -> Policy:
+    return Policy(
+        "autellix",
+        LeastAttainedServiceFirst(),
+        LeastLoaded(),
+        Homogeneous(ctx.default_tp),
+        "program-level least attained service first, preemptive (Autellix)",
+    )
+
+
+def libra(ctx: PolicyContext) -> Policy:
+    wide = [tp for tp in ctx.tp_choices if tp > ctx.default_tp]
+    long_tp = min((tp for tp in wide if tp >= 4), default=max(wide, default=ctx.default_tp))
+    placement = LibraPlacement()
+    placement.learn(ctx.history)
+    return Policy(
+        "libra",
+        MultiLevelFeedback(),
+        placement,
+        Buckets(ctx.default_tp, long_tp),
+        "causal prefix tree of residuals, short/long TP buckets (Libra C-MLFQ)",
+    )
+
+
+def war(ctx: PolicyContext) -> Policy:
+    placement = WarPlacement(seats_per_instance=ctx.max_num_seqs)
+    return Policy(
+        "war",
+        FewestTurnsLeft(placement.turns),
+        placement,
+        Homogeneous(ctx.default_tp),
+        "sticky below a load threshold; cache/load score and turns-left order above (WAR)",
+    )
