@@ -468,6 +468,81 @@ def trajectories_show(
     console.print_json(json.dumps(record))
 
 
+# ---- heddle bench -----------------------------------------------------------------------
+@app.command()
+def bench(
+    trace: Annotated[Path, typer.Option(help="Trace file (JSON Lines).")],
+    cluster: Annotated[Path, typer.Option(help="Cluster YAML.")],
+    policy: Annotated[
+        list[str],
+        typer.Option(help="Policy to compare (repeat); the first is the baseline of the ratios."),
+    ],
+    history: Annotated[
+        Path | None, typer.Option(help="An earlier iteration's trace, for policies that learn.")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
+) -> None:
+    """Simulate policies on one trace and cluster; print each one's ratio to the first."""
+    from heddle.bench import run_bench, write_plots
+    from heddle.trace import load_trace
+    from scheduler.registry import policy_names
+
+    try:
+        specs = [r.spec for r in load_trace(trace)]
+        hist = [r.spec for r in load_trace(history)] if history else []
+        cfg = load_cluster(cluster)
+        unknown = [p for p in policy if p not in policy_names()]
+        if unknown:
+            raise ValueError(f"unknown policy {unknown[0]!r}; valid policies: {policy_names()}")
+    except (InputError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    result = run_bench(specs, cfg, policy, history=hist)
+    bound = result.lower_bound["lower_bound_s"]
+    first = result.results[policy[0]]
+    table = Table(
+        title=f"{trace.name}: {len(specs)} trajectories on {cfg.num_gpus} {cfg.gpu} ({cfg.model})"
+    )
+    for col in (
+        "policy",
+        "makespan s",
+        "throughput tok/s",
+        f"vs {policy[0]}",
+        "vs bound",
+        "p50 s",
+        "p99 s",
+        "migrations",
+        "GPU busy",
+        "sim s",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, r in result.results.items():
+        table.add_row(
+            name,
+            f"{r.makespan_s:,.1f}",
+            f"{r.throughput_tok_s:,.0f}",
+            f"{r.throughput_tok_s / first.throughput_tok_s:.2f}x",
+            f"{r.makespan_s / bound:.2f}x",
+            f"{r.completion_s['p50']:,.1f}",
+            f"{r.completion_s['p99']:,.1f}",
+            str(r.migrations),
+            f"{r.gpu_busy_frac:.0%}",
+            f"{r.wall_s:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"lower bound {bound:,.1f} s (longest alone {result.lower_bound['longest_alone_s']:,.1f} s, work {result.lower_bound['work_s']:,.1f} s)"
+    )
+    if json_out:
+        json_out.write_text(
+            json.dumps(result.to_json(trace=str(trace), cluster=cfg), indent=2) + "\n"
+        )
+        console.print(f"results written to {json_out}")
+    if plot:
+        for path in write_plots(result, plot):
+            console.print(f"plot {path}")
+
+
 # ---- traces ------------------------------------------------------------------------------
 @trace_app.command("gen")
 def trace_gen(

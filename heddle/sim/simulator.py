@@ -1,0 +1,342 @@
+"""A rollout batch in virtual time: the shared policy core and engine cores, no Temporal.
+
+Events are kept in one heap: a trajectory arriving for its next LLM step (at time 0, or
+when its tool returns), a step submitted to an instance (later than the arrival when the
+trajectory's KV migrates), and an instance finishing its current iteration. Plain decode
+stretches run as one `DecodeBlock` event; an arrival in the middle of a block
+materialises the iterations done so far and joins at the next iteration boundary, as a
+request joins vLLM's running batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engines.core import DecodeBlock, EngineCore, EngineLimits, StepOutput
+from engines.costmodel import CostModel
+from engines.request import EngineRequest
+from heddle.sim.metrics import SimResult, percentile
+from heddle.types import Decision, TrajectorySpec
+from scheduler.interface import InstanceSpec, InstanceState, Policy, StepEvent
+from scheduler.libra import tool_state
+
+ARRIVE, SUBMIT, WAKE = 0, 1, 2
+
+
+@dataclass
+class _Trajectory:
+    spec: TrajectorySpec
+    step_index: int = 0
+    context_tokens: int = 0
+    generated: int = 0
+    tool_calls: int = 0
+    tool_path: list[str] = field(default_factory=list)
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=4))
+    last_instance: str | None = None
+    last_tool_latency_s: float = 0.0
+    finished_at: float = -1.0
+    queued_s: float = 0.0
+    submitted_at: float = 0.0
+    ready_at: float = 0.0  # when its tool returned (or 0): no step may start before
+
+
+@dataclass
+class _Instance:
+    spec: InstanceSpec
+    core: EngineCore
+    cost: CostModel
+    busy_until: float = 0.0
+    running: bool = False  # an iteration or block is in progress
+    version: int = 0
+    block: DecodeBlock | None = None
+    block_start: float = 0.0
+    pending: StepOutput | None = None
+    busy_s: float = 0.0
+    in_flight: int = 0
+    sessions: int = 0
+    intervals: list[list[float]] = field(default_factory=list)
+
+    def add_busy(self, start: float, end: float) -> None:
+        self.busy_s += end - start
+        if self.intervals and self.intervals[-1][1] >= start - 1e-12:
+            self.intervals[-1][1] = end
+        else:
+            self.intervals.append([start, end])
+
+
+class Simulator:
+    def __init__(
+        self,
+        *,
+        trace: Sequence[TrajectorySpec],
+        policy: Policy,
+        model: str,
+        gpu: str,
+        num_gpus: int,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
+        self.policy = policy
+        self.num_gpus = num_gpus
+        self.trajectories = {s.trajectory_id: _Trajectory(s, context_tokens=s.prompt_tokens)
+                             for s in trace}  # fmt: skip
+        if len(self.trajectories) != len(trace):
+            raise ValueError("trajectory ids repeat in the trace")
+        self.instances: dict[str, _Instance] = {}
+        for ispec in policy.split.instances(num_gpus):
+            cost = CostModel.for_names(model, gpu, ispec.tp, gpu_memory_utilization)
+            if cost.kv_capacity_tokens <= 0:
+                raise ValueError(f"{model} does not fit on TP-{ispec.tp} {gpu} instances")
+            limits = EngineLimits(
+                kv_capacity_tokens=cost.kv_capacity_tokens,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                policy=policy.order.queue,
+            )
+            core = EngineCore(limits=limits, iteration_cost=cost.iteration_s)
+            self.instances[ispec.instance_id] = _Instance(ispec, core, cost)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+        self.migrations = 0
+        self.migration_s = 0.0
+        self.token_events: list[tuple[float, int]] = []
+        self._first_scheduled: dict[str, float] = {}
+
+    # ---- events ------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, ref: object) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, ref))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for tid in self.trajectories:
+            self._push(0.0, ARRIVE, tid)
+        while self._heap:
+            t, _, kind, ref = heapq.heappop(self._heap)
+            self.now = t
+            if kind == ARRIVE:
+                self._arrive(ref)  # type: ignore[arg-type]
+            elif kind == SUBMIT:
+                self._submit(*ref)  # type: ignore[misc]
+            else:
+                iid, version = ref  # type: ignore[misc]
+                inst = self.instances[iid]
+                if version == inst.version:
+                    self._wake(inst)
+        unfinished = [t.spec.trajectory_id for t in self.trajectories.values() if t.finished_at < 0]
+        if unfinished:
+            raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished trajectories")
+        return self._result(time.perf_counter() - started)
+
+    def _states(self) -> list[InstanceState]:
+        return [
+            InstanceState(iid, i.in_flight, i.sessions, i.spec.tp, i.spec.role)
+            for iid, i in self.instances.items()
+        ]
+
+    def _event(self, traj: _Trajectory) -> StepEvent:
+        step = traj.spec.steps[traj.step_index - 1] if traj.step_index else None
+        return StepEvent(
+            trajectory_id=traj.spec.trajectory_id,
+            group_id=traj.spec.group_id,
+            step_index=traj.step_index,
+            context_tokens=traj.context_tokens,
+            generated_tokens=traj.generated,
+            previous_instance=traj.last_instance,
+            prompt_tokens=traj.spec.prompt_tokens,
+            num_tool_calls=traj.tool_calls,
+            last_tool=step.tool if step else None,
+            last_tool_status=step.tool_status if step else None,
+            last_tool_output_tokens=step.tool_output_tokens if step else 0,
+            tool_path=tuple(traj.tool_path),
+            recent_output_tokens=tuple(traj.recent),
+        )
+
+    def _arrive(self, tid: str) -> None:
+        traj = self.trajectories[tid]
+        decision = self.policy.decide(self._event(traj), self._states(), self.now)
+        if decision.instance_id not in self.instances:
+            raise ValueError(
+                f"policy {self.policy.name} chose unknown instance {decision.instance_id}"
+            )
+        prev = traj.last_instance
+        if decision.migrate and prev is not None and prev != decision.instance_id:
+            tokens = self.instances[prev].core.drop_prefix(tid)
+            cost = self.instances[prev].cost.migration_s(tokens)
+            self.migrations += 1
+            self.migration_s += cost
+            # The transfer overlaps the tool call; only what is left of it delays the step.
+            delay = max(0.0, cost - traj.last_tool_latency_s)
+            self._push(self.now + delay, SUBMIT, (tid, decision, tokens))
+            return
+        self._submit(tid, decision, 0)
+
+    def _submit(self, tid: str, decision: Decision, migrated_tokens: int) -> None:
+        traj = self.trajectories[tid]
+        inst = self.instances[decision.instance_id]
+        if traj.last_instance != decision.instance_id:
+            if traj.last_instance is not None:
+                self.instances[traj.last_instance].sessions -= 1
+            inst.sessions += 1
+        traj.last_instance = decision.instance_id
+        self._materialise(inst)
+        if migrated_tokens:
+            inst.core.put_prefix(tid, migrated_tokens)
+        step = traj.spec.steps[traj.step_index]
+        inst.core.add_request(
+            EngineRequest(
+                request_id=f"{tid}#{traj.step_index}",
+                prefix_key=tid,
+                context_tokens=traj.context_tokens,
+                max_new_tokens=step.output_tokens,
+                priority=decision.priority,
+            )
+        )
+        inst.in_flight += 1
+        traj.submitted_at = self.now
+        if not inst.running:
+            self._start(inst)
+
+    def _materialise(self, inst: _Instance) -> None:
+        """Cut a running decode block at the iteration boundary after `now`."""
+        if inst.block is None:
+            return
+        block, start = inst.block, inst.block_start
+        done = block.iterations_done_by(self.now - start)
+        inst.block = None
+        inst.version += 1
+        if done == 0:  # the block starts now: start over with the newcomer
+            inst.running = False
+            return
+        inst.pending = inst.core.advance_decode(block, done)
+        inst.busy_until = start + block.elapsed_s(done)
+        inst.add_busy(start, inst.busy_until)
+        self._push(inst.busy_until, WAKE, (inst.spec.instance_id, inst.version))
+
+    def _start(self, inst: _Instance) -> None:
+        now = self.now
+        inst.version += 1
+        if not inst.core.has_work():
+            inst.running = False
+            return
+        inst.running = True
+        block = inst.core.decode_block()
+        if block is not None:
+            inst.block, inst.block_start = block, now
+            end = now + block.elapsed_s(block.num_iterations)
+        else:
+            out = inst.core.step()
+            if not out.advanced and not out.preempted:
+                raise RuntimeError(f"instance {inst.spec.instance_id} cannot make progress")
+            for rid in out.advanced:
+                self._first_scheduled.setdefault(rid, now)
+            inst.pending = out
+            end = now + out.duration_s
+            inst.add_busy(now, end)
+        inst.busy_until = end
+        self._push(end, WAKE, (inst.spec.instance_id, inst.version))
+
+    def _wake(self, inst: _Instance) -> None:
+        if inst.block is not None:
+            block = inst.block
+            inst.block = None
+            out = inst.core.advance_decode(block, block.num_iterations)
+            inst.add_busy(inst.block_start, self.now)
+        else:
+            out = inst.pending or StepOutput()
+        inst.pending = None
+        for rid in out.finished:
+            self._step_done(inst, rid)
+        self._start(inst)
+
+    def _step_done(self, inst: _Instance, request_id: str) -> None:
+        tid, _, index = request_id.rpartition("#")
+        traj = self.trajectories[tid]
+        step = traj.spec.steps[int(index)]
+        inst.in_flight -= 1
+        first = self._first_scheduled.pop(request_id, traj.submitted_at)
+        traj.queued_s += first - traj.submitted_at
+        traj.generated += step.output_tokens
+        traj.context_tokens += step.output_tokens
+        traj.recent.append(step.output_tokens)
+        self.token_events.append((self.now, step.output_tokens))
+        event = self._event(traj)
+        self.policy.on_step_done(event, inst.spec.instance_id, step.output_tokens)
+        traj.step_index += 1
+        if step.tool is None:
+            traj.finished_at = self.now
+            inst.sessions -= 1
+            self.policy.on_trajectory_done(
+                tid, traj.spec.group_id, traj.generated, len(traj.spec.steps)
+            )
+            return
+        traj.tool_calls += 1
+        traj.context_tokens += step.tool_output_tokens
+        traj.tool_path.append(tool_state(step.tool, step.tool_output_tokens, step.tool_status))
+        traj.last_tool_latency_s = step.tool_latency_s
+        traj.ready_at = self.now + step.tool_latency_s
+        self._push(traj.ready_at, ARRIVE, tid)
+
+    # ---- results -----------------------------------------------------------------------
+    def _result(self, wall_s: float) -> SimResult:
+        trajs = list(self.trajectories.values())
+        finish = sorted(t.finished_at for t in trajs)
+        makespan = finish[-1] if finish else 0.0
+        longest = sorted(trajs, key=lambda t: t.spec.generated_tokens, reverse=True)
+        tail = longest[: max(1, len(longest) // 10)]
+        busy_gpu_s = sum(i.busy_s * i.spec.tp for i in self.instances.values())
+        return SimResult(
+            policy=self.policy.name,
+            makespan_s=makespan,
+            generated_tokens=sum(t.generated for t in trajs),
+            trajectories=len(trajs),
+            completion_s={
+                name: percentile(finish, q)
+                for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
+            },
+            migrations=self.migrations,
+            migration_s=self.migration_s,
+            reconfigurations=0,
+            reconfiguration_s=0.0,
+            gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
+            tail_queueing_s=sum(t.queued_s for t in tail) / len(tail),
+            instances=[
+                {"instance_id": iid, "tp": i.spec.tp, "role": i.spec.role, "busy_s": i.busy_s}
+                for iid, i in self.instances.items()
+            ],
+            completion_times=[t.finished_at for t in trajs],
+            busy_intervals=[
+                (iid, a, b) for iid, i in self.instances.items() for a, b in i.intervals
+            ],
+            token_events=self.token_events,
+            wall_s=wall_s,
+        )
+
+
+def simulate(
+    trace: Sequence[TrajectorySpec],
+    policy: Policy,
+    *,
+    model: str,
+    gpu: str,
+    num_gpus: int,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    gpu_memory_utilization: float = 0.9,
+) -> SimResult:
+    return Simulator(
+        trace=trace,
+        policy=policy,
+        model=model,
+        gpu=gpu,
+        num_gpus=num_gpus,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_utilization=gpu_memory_utilization,
+    ).run()
