@@ -530,8 +530,10 @@ def bench(
             f"{r.wall_s:.1f}",
         )
     console.print(table)
+    lb = result.lower_bound
     console.print(
-        f"lower bound {bound:,.1f} s (longest alone {result.lower_bound['longest_alone_s']:,.1f} s, work {result.lower_bound['work_s']:,.1f} s)"
+        f"lower bound {bound:,.1f} s (longest alone {lb['longest_alone_s']:,.1f} s, "
+        f"work {lb['work_s']:,.1f} s)"
     )
     if json_out:
         json_out.write_text(
@@ -568,6 +570,19 @@ def trace_gen(
             fh.write(json.dumps(dump_record(r), separators=(",", ":")) + "\n")
     tokens = sum(r.spec.generated_tokens for r in records)
     console.print(f"wrote {len(records)} trajectories, {tokens:,} tokens to generate, to {out}")
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(path: Path) -> None:
+    """Token, turn, group-variance and tool statistics of a trace, as JSON."""
+    from heddle.trace import load_trace
+    from heddle.tracestats import trace_stats
+
+    try:
+        records = load_trace(path)
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+    console.print_json(json.dumps(trace_stats([r.spec for r in records])))
 
 
 @trace_app.command("validate")

@@ -59,6 +59,7 @@ class _Instance:
     busy_s: float = 0.0
     in_flight: int = 0
     sessions: int = 0
+    peak_kv_tokens: int = 0
     intervals: list[list[float]] = field(default_factory=list)
 
     def add_busy(self, start: float, end: float) -> None:
@@ -81,8 +82,13 @@ class Simulator:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         gpu_memory_utilization: float = 0.9,
+        record_steps: bool = False,
     ) -> None:
         self.policy = policy
+        # (trajectory_id, step, ready_at, submitted_at, first_scheduled, finished_at, instance)
+        self.step_log: list[tuple[str, int, float, float, float, float, str]] | None = (
+            [] if record_steps else None
+        )
         self.num_gpus = num_gpus
         self.trajectories = {s.trajectory_id: _Trajectory(s, context_tokens=s.prompt_tokens)
                              for s in trace}  # fmt: skip
@@ -226,7 +232,11 @@ class Simulator:
             inst.running = False
             return
         inst.running = True
-        block = inst.core.decode_block()
+        core = inst.core
+        inst.peak_kv_tokens = max(
+            inst.peak_kv_tokens, core.num_running_kv_tokens + core.num_cached_kv_tokens
+        )
+        block = core.decode_block()
         if block is not None:
             inst.block, inst.block_start = block, now
             end = now + block.elapsed_s(block.num_iterations)
@@ -262,6 +272,11 @@ class Simulator:
         inst.in_flight -= 1
         first = self._first_scheduled.pop(request_id, traj.submitted_at)
         traj.queued_s += first - traj.submitted_at
+        if self.step_log is not None:
+            self.step_log.append(
+                (tid, int(index), traj.ready_at, traj.submitted_at, first, self.now,
+                 inst.spec.instance_id)
+            )  # fmt: skip
         traj.generated += step.output_tokens
         traj.context_tokens += step.output_tokens
         traj.recent.append(step.output_tokens)
@@ -307,7 +322,14 @@ class Simulator:
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
             tail_queueing_s=sum(t.queued_s for t in tail) / len(tail),
             instances=[
-                {"instance_id": iid, "tp": i.spec.tp, "role": i.spec.role, "busy_s": i.busy_s}
+                {
+                    "instance_id": iid,
+                    "tp": i.spec.tp,
+                    "role": i.spec.role,
+                    "busy_s": i.busy_s,
+                    "kv_capacity_tokens": i.core.limits.kv_capacity_tokens,
+                    "peak_kv_tokens": i.peak_kv_tokens,
+                }
                 for iid, i in self.instances.items()
             ],
             completion_times=[t.finished_at for t in trajs],

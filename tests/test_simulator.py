@@ -1,0 +1,93 @@
+"""Simulator invariants, determinism, and the policies' distinct behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.sim import lower_bound, simulate
+from heddle.sim.simulator import Simulator
+from heddle.workloads import generate
+from scheduler.interface import PolicyContext
+from scheduler.registry import create_policy, policy_names
+
+CLUSTER = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 8}
+
+
+@pytest.fixture(scope="module")
+def trace():  # type: ignore[no-untyped-def]
+    return [r.spec for r in generate("coding", prompts=12, samples=16, seed=5)]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_invariants_hold_for_every_policy(name: str, trace) -> None:  # type: ignore[no-untyped-def]
+    history = tuple(r.spec for r in generate("coding", prompts=12, samples=16, seed=5, iteration=1))
+    policy = create_policy(name, PolicyContext(history=history))
+    sim = Simulator(trace=trace, policy=policy, record_steps=True, **CLUSTER)
+    result = sim.run()
+    # Every trace token generated exactly once.
+    assert result.generated_tokens == sum(s.generated_tokens for s in trace)
+    for spec in trace:
+        assert sim.trajectories[spec.trajectory_id].generated == spec.generated_tokens
+    # No step starts before its tool returned, and steps of one trajectory never overlap.
+    assert sim.step_log is not None
+    assert len(sim.step_log) == sum(len(s.steps) for s in trace)
+    last_finish: dict[str, float] = {}
+    for tid, _, ready, submitted, first, finished, _ in sorted(
+        sim.step_log, key=lambda r: (r[0], r[1])
+    ):
+        assert submitted >= ready - 1e-9
+        assert first >= submitted - 1e-9
+        assert finished > first
+        assert ready >= last_finish.get(tid, 0.0) - 1e-9
+        last_finish[tid] = finished
+    # No instance over its KV capacity.
+    for inst in result.instances:
+        assert inst["peak_kv_tokens"] <= inst["kv_capacity_tokens"]
+    bound = lower_bound(
+        trace, model="qwen3-8b", gpu="h100", num_gpus=8, tp_choices=(1, 2, 4, 8), max_num_seqs=256
+    )
+    assert result.makespan_s >= bound["lower_bound_s"]
+    assert 0 < result.gpu_busy_frac <= 1
+
+
+def test_deterministic(trace) -> None:  # type: ignore[no-untyped-def]
+    runs = [simulate(trace, create_policy("verl"), **CLUSTER) for _ in range(2)]
+    assert runs[0].makespan_s == runs[1].makespan_s
+    assert runs[0].completion_times == runs[1].completion_times
+
+
+def test_kv_pressure_preempts_and_still_completes(trace) -> None:  # type: ignore[no-untyped-def]
+    # Qwen3-32B on one TP-2 H100 pair leaves little KV: requests are preempted and
+    # recomputed, and the batch still completes with every token.
+    small = trace
+    result = simulate(
+        small,
+        create_policy("verl", PolicyContext(default_tp=2)),
+        model="qwen3-32b",
+        gpu="h100",
+        num_gpus=2,
+    )
+    assert result.generated_tokens == sum(s.generated_tokens for s in small)
+    (inst,) = result.instances
+    assert inst["peak_kv_tokens"] > 0.9 * inst["kv_capacity_tokens"]
+
+
+def test_policies_behave_differently(trace) -> None:  # type: ignore[no-untyped-def]
+    makespans = {
+        name: simulate(trace, create_policy(name), **CLUSTER).makespan_s
+        for name in ("verl", "slime", "autellix")
+    }
+    assert len(set(makespans.values())) == 3
+    libra = simulate(trace, create_policy("libra"), **CLUSTER)
+    assert {i["role"] for i in libra.instances} == {"short", "long"}
+    assert libra.migrations > 0
+
+
+def test_sticky_policies_keep_a_trajectory_on_its_instance(trace) -> None:  # type: ignore[no-untyped-def]
+    for name in ("verl", "sticky_least_loaded"):
+        sim = Simulator(trace=trace, policy=create_policy(name), record_steps=True, **CLUSTER)
+        sim.run()
+        homes: dict[str, set[str]] = {}
+        for tid, *_, instance in sim.step_log or []:
+            homes.setdefault(tid, set()).add(instance)
+        assert all(len(h) == 1 for h in homes.values()), name
