@@ -258,11 +258,13 @@ class EngineCore:
             return out
 
         # Cost of the iteration, then advance state (vLLM `update_from_output`).
-        decode_ctx = prefill_ctx = 0
+        decode_ctx = prefill_cached = 0
+        prefill_attended = 0.0
         for request, num_new in scheduled:
             if request.is_prefilling:
                 out.num_prefill_tokens += num_new
-                prefill_ctx += request.num_computed_tokens * num_new
+                prefill_cached += request.num_computed_tokens
+                prefill_attended += num_new * (request.num_computed_tokens + num_new / 2)
             else:
                 out.num_decode_seqs += 1
                 decode_ctx += request.num_computed_tokens
@@ -270,7 +272,8 @@ class EngineCore:
             num_decode_seqs=out.num_decode_seqs,
             decode_context_tokens=decode_ctx,
             num_prefill_tokens=out.num_prefill_tokens,
-            prefill_context_tokens=prefill_ctx // max(out.num_prefill_tokens, 1),
+            prefill_attended_tokens=prefill_attended / max(out.num_prefill_tokens, 1),
+            prefill_cached_tokens=prefill_cached,
         )
         self._update_from_output(scheduled, out)
         self._check_invariants(scheduled)
