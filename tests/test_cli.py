@@ -259,3 +259,71 @@ def test_detached_stack_is_found_by_rollout_and_stopped(tmp_path: Path) -> None:
     assert "stack stopped" in down.stdout
     _wait_port(port, False, 10)
     assert heddle("stop", "--state-dir", str(state)).stdout.startswith("no stack")
+
+
+def test_bench_compares_policies_and_writes_json_and_plots(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=4, samples=8, seed=2))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("model: qwen3-8b\ngpu: h100\nnum_gpus: 4\ndefault_tp: 1\n")
+    out = tmp_path / "bench.json"
+    result = heddle(
+        "bench",
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--policy",
+        "verl",
+        "--policy",
+        "slime",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "plots"),
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["lower_bound_s"] > 0
+    for name in ("verl", "slime"):
+        p = data["policies"][name]
+        for key in (
+            "makespan_s",
+            "throughput_tok_s",
+            "generated_tokens",
+            "trajectories",
+            "migrations",
+            "reconfigurations",
+            "gpu_busy_frac",
+        ):
+            assert key in p
+        assert set(p["completion_s"]) == {"p50", "p90", "p99", "max"}
+        assert p["makespan_s"] >= data["lower_bound_s"]
+    assert "1.00x" in result.stdout  # the first policy's ratio to itself
+    pngs = sorted(x.name for x in (tmp_path / "plots").iterdir())
+    assert pngs == ["completion_cdf.png", "gantt_slime.png", "gantt_verl.png", "throughput.png"]
+
+
+def test_bench_rejects_bad_input_before_running(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=2))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("model: qwen3-8b\ngpu: h100\nnum_gpus: 4\ndefault_tp: 3\n")
+    bad = heddle("bench", "--trace", str(trace), "--cluster", str(cluster), "--policy", "verl")
+    assert bad.returncode == 2
+    assert f"{cluster}:4: field 'default_tp'" in bad.stderr.replace("\n", "")
+    cluster.write_text("model: qwen3-8b\nnum_gpus: 4\n")
+    bad = heddle("bench", "--trace", str(trace), "--cluster", str(cluster), "--policy", "nope")
+    assert bad.returncode == 2
+    assert "valid policies" in bad.stderr
+    broken = write_trace(tmp_path / "b.jsonl", [traj("x", [{"output_tokens": 0}])])
+    bad = heddle("bench", "--trace", str(broken), "--cluster", str(cluster), "--policy", "verl")
+    assert bad.returncode == 2
+    assert f"{broken}:1: field 'steps[0].output_tokens'" in bad.stderr.replace("\n", "")
+
+
+def test_trace_stats(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("coding", prompts=2, samples=8, seed=1))
+    result = heddle("trace", "stats", str(trace))
+    assert result.returncode == 0
+    stats = json.loads(result.stdout)
+    assert stats["trajectories"] == 16
+    assert stats["groups"] == 2
