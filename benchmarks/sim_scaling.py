@@ -1,0 +1,50 @@
+"""How the simulator's cost grows with the batch: 1,000 to 100,000 trajectories.
+
+    python benchmarks/sim_scaling.py [--sizes 1000,6400,25600,100000] [--policy verl]
+
+Two series, each on one core: a fixed 64-GPU cluster, and a cluster grown with the batch
+(100 trajectories per GPU, the paper's ratio). Prints seconds of wall time, events per
+second and the ratio to the smallest size; the target is 6,400 trajectories on 64 GPUs
+in under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from heddle.sim import simulate
+from heddle.workloads import generate
+from scheduler.registry import create_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,6400,25600,100000")
+    parser.add_argument("--policy", default="verl")
+    parser.add_argument("--workload", default="coding")
+    parser.add_argument("--model", default="qwen3-8b")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    header = ("trajectories", "GPUs", "steps", "sim s", "x smallest", "steps/s")
+    print("{:>12} {:>6} {:>8} {:>8} {:>10} {:>9}".format(*header))
+    for series in ("fixed 64 GPUs", "100 trajectories per GPU"):
+        print(series)
+        first = None
+        for n in sizes:
+            gpus = 64 if series.startswith("fixed") else max(8, n // 100)
+            trace = [r.spec for r in generate(args.workload, prompts=max(1, n // 16), seed=0)]
+            steps = sum(len(s.steps) for s in trace)
+            started = time.perf_counter()
+            simulate(trace, create_policy(args.policy), model=args.model, gpu="h100", num_gpus=gpus)
+            wall = time.perf_counter() - started
+            first = first or wall
+            print(
+                f"{len(trace):>12,} {gpus:>6} {steps:>8,} {wall:>8.1f} {wall / first:>10.1f} "
+                f"{steps / wall:>9,.0f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
