@@ -30,21 +30,24 @@ class WorkloadShape:
     tool_latency_mean_s: float
     prompt_tokens: tuple[int, int]
     output_tokens_median: float
-    output_sigma: float  # lognormal sigma of one turn's output
+    # Lognormal sigmas of a turn's output: a sample-level verbosity shared by all its
+    # turns (a sample that reasons at length keeps doing so), and per-turn noise.
+    verbosity_sigma: float
     tool_output_tokens: tuple[int, int]
     error_rate: float  # chance a tool call fails and forces a fix turn
     base_turns: tuple[int, int]
+    turn_sigma: float = 0.55
     max_turns: int = 24
     max_tokens: int = 40_000
 
 
 WORKLOADS: dict[str, WorkloadShape] = {
     # Qwen3 thinking on CodeForces: long turns, failing tests force fix turns.
-    "coding": WorkloadShape("python", 0.45, (300, 1500), 900, 0.9, (20, 400), 0.30, (1, 4)),
+    "coding": WorkloadShape("python", 0.45, (300, 1500), 900, 0.7, (20, 400), 0.30, (1, 4)),
     # Search-R1 style on HotpotQA: short turns, several searches, long observations.
-    "search": WorkloadShape("search", 1.4, (100, 400), 350, 0.7, (200, 1200), 0.10, (1, 5)),
+    "search": WorkloadShape("search", 1.4, (100, 400), 350, 0.5, (200, 1200), 0.10, (1, 5), 0.5),
     # DAPO-Math with a calculator: long reasoning, few cheap tool calls.
-    "math": WorkloadShape("calculator", 0.05, (80, 400), 900, 0.9, (5, 60), 0.12, (1, 3)),
+    "math": WorkloadShape("calculator", 0.05, (80, 400), 900, 0.7, (5, 60), 0.12, (1, 3)),
 }
 # Per iteration: turns grow 3% longer, tool errors 5% rarer (relative), down to a floor.
 DRIFT_OUTPUT_PER_ITERATION = 0.03
@@ -61,13 +64,13 @@ def _trajectory(
     difficulty: float,
 ) -> TraceRecord:
     turns = rng.randint(*shape.base_turns)
+    verbosity = rng.lognormvariate(0, shape.verbosity_sigma)
     steps: list[StepSpec] = []
     total = 0
     i = 0
     while True:
-        out = int(
-            rng.lognormvariate(0, shape.output_sigma) * shape.output_tokens_median * difficulty
-        )
+        scale = shape.output_tokens_median * difficulty * verbosity
+        out = int(rng.lognormvariate(0, shape.turn_sigma) * scale)
         out = max(8, min(out, shape.max_tokens - total))
         total += out
         last = i + 1 >= turns or i + 1 >= shape.max_turns or total >= shape.max_tokens - 8

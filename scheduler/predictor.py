@@ -1,0 +1,243 @@
+"""The progressive runtime predictor: remaining generated tokens of a trajectory,
+re-estimated before every step from what the system has seen (DESIGN.md, "Policies").
+
+A LightGBM regressor on log1p(remaining tokens). Features: prompt length, step index,
+tokens and tool calls so far, the last tool's name, status and output size, the last
+three output lengths, errors so far, the finished siblings of the GRPO group (count,
+mean, max), and the prompt's record in an earlier iteration (mean and P90 of its
+trajectories' lengths). Hashed n-grams of text are not used: the traces Heddle
+generates carry no text (a trace with `text` would add them here).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import lightgbm
+import numpy as np
+
+from heddle.types import TrajectorySpec
+from scheduler.interface import StepEvent
+from scheduler.libra import prompt_key
+
+TOOLS = ("python", "search", "calculator")
+STATUSES = ("ok", "error", "timeout")
+FEATURES = (
+    "prompt_tokens", "step_index", "generated", "tool_calls", "last_tool", "last_status",
+    "last_tool_output", "recent_1", "recent_2", "recent_3", "mean_output", "errors",
+    "siblings_finished", "siblings_mean", "siblings_max", "prior_mean", "prior_p90",
+)  # fmt: skip
+PARAMS = {
+    "objective": "regression",
+    "num_leaves": 31,
+    "learning_rate": 0.05,
+    "min_data_in_leaf": 20,
+    "feature_fraction": 0.9,
+    "verbose": -1,
+    "num_threads": 1,
+    "deterministic": True,
+    "seed": 0,
+}
+NUM_ROUNDS = 200
+
+
+@dataclass
+class GroupMemory:
+    """What the predictor knows beyond one trajectory: finished siblings, and the
+    prompt's record from an earlier iteration."""
+
+    finished: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    prior: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_history(cls, history: Sequence[TrajectorySpec]) -> GroupMemory:
+        by_prompt: dict[str, list[int]] = defaultdict(list)
+        for spec in history:
+            by_prompt[prompt_key(spec.group_id)].append(spec.generated_tokens)
+        return cls(prior={k: _mean_p90(v) for k, v in by_prompt.items()})
+
+    def sibling_finished(self, group_id: str, generated_tokens: int) -> None:
+        self.finished[group_id].append(generated_tokens)
+
+
+def _mean_p90(values: Sequence[int]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.fmean(ordered), float(ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)])
+
+
+def _row(
+    *,
+    prompt_tokens: int,
+    step_index: int,
+    generated: int,
+    tool_calls: int,
+    last_tool: str | None,
+    last_status: str | None,
+    last_tool_output: int,
+    recent: Sequence[int],
+    errors: int,
+    siblings: Sequence[int],
+    prior: tuple[float, float] | None,
+) -> list[float]:
+    nan = math.nan
+    r = list(recent)[-3:][::-1] + [nan] * 3
+    return [
+        prompt_tokens, step_index, generated, tool_calls,
+        TOOLS.index(last_tool) if last_tool in TOOLS else (nan if last_tool is None else -1),
+        STATUSES.index(last_status) if last_status in STATUSES else nan,
+        last_tool_output, r[0], r[1], r[2],
+        generated / step_index if step_index else nan, errors,
+        len(siblings), statistics.fmean(siblings) if siblings else nan,
+        max(siblings) if siblings else nan,
+        prior[0] if prior else nan, prior[1] if prior else nan,
+    ]  # fmt: skip
+
+
+def training_rows(
+    specs: Sequence[TrajectorySpec],
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """One row per (trajectory, step) of a finished trace, with log1p(remaining).
+
+    Finished siblings at a point are taken to be those shorter than what the trajectory
+    has generated so far (shorter trajectories finish first); the prompt record is the
+    leave-one-out mean and P90 of the group (another sample of the same prompt, as the
+    earlier iteration is at prediction time). Returns rows, targets and, per row, the
+    (trajectory index, step index) it describes.
+    """
+    groups: dict[str, list[int]] = defaultdict(list)
+    for s in specs:
+        groups[s.group_id].append(s.generated_tokens)
+    rows: list[list[float]] = []
+    targets: list[float] = []
+    where: list[tuple[int, int]] = []
+    for t_index, spec in enumerate(specs):
+        total = spec.generated_tokens
+        group = list(groups[spec.group_id])
+        group.remove(total)
+        prior = _mean_p90(group) if group else None
+        generated = tool_calls = errors = 0
+        recent: list[int] = []
+        last = None
+        for k, step in enumerate(spec.steps):
+            siblings = [g for g in group if g <= generated] if generated else []
+            rows.append(
+                _row(
+                    prompt_tokens=spec.prompt_tokens, step_index=k, generated=generated,
+                    tool_calls=tool_calls, last_tool=last.tool if last else None,
+                    last_status=last.tool_status if last else None,
+                    last_tool_output=last.tool_output_tokens if last else 0, recent=recent,
+                    errors=errors, siblings=siblings, prior=prior,
+                )
+            )  # fmt: skip
+            targets.append(math.log1p(total - generated))
+            where.append((t_index, k))
+            generated += step.output_tokens
+            recent.append(step.output_tokens)
+            if step.tool is not None:
+                tool_calls += 1
+                errors += step.tool_status != "ok"
+            last = step
+    return np.asarray(rows, dtype=np.float64), np.asarray(targets), where
+
+
+class RemainingPredictor:
+    def __init__(self, booster: lightgbm.Booster, memory: GroupMemory) -> None:
+        self.booster = booster
+        self.memory = memory
+        self._errors: dict[str, int] = defaultdict(int)
+
+    @classmethod
+    def train(
+        cls, history: Sequence[TrajectorySpec], *, num_rounds: int = NUM_ROUNDS
+    ) -> RemainingPredictor:
+        """Fit on a finished iteration; its prompts' record becomes the prior."""
+        if not history:
+            raise ValueError("the predictor needs a history of finished trajectories")
+        x, y, _ = training_rows(history)
+        data = lightgbm.Dataset(x, y, feature_name=list(FEATURES), free_raw_data=False)
+        booster = lightgbm.train(PARAMS, data, num_boost_round=num_rounds)
+        return cls(booster, GroupMemory.from_history(history))
+
+    def event_row(self, event: StepEvent) -> list[float]:
+        if event.last_tool_status not in (None, "ok"):
+            # Counted once per step: the event of step k reports the tool of step k-1.
+            self._errors[event.trajectory_id] += 1
+        return _row(
+            prompt_tokens=event.prompt_tokens,
+            step_index=event.step_index,
+            generated=event.generated_tokens,
+            tool_calls=event.num_tool_calls,
+            last_tool=event.last_tool,
+            last_status=event.last_tool_status,
+            last_tool_output=event.last_tool_output_tokens,
+            recent=event.recent_output_tokens,
+            errors=self._errors[event.trajectory_id],
+            siblings=self.memory.finished.get(event.group_id, []),
+            prior=self.memory.prior.get(prompt_key(event.group_id)),
+        )
+
+    def predict_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Remaining generated tokens for each row."""
+        return np.expm1(self.booster.predict(rows, num_threads=1)).clip(min=1.0)
+
+    def predict(self, event: StepEvent) -> float:
+        return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
+
+    def forget(self, trajectory_id: str) -> None:
+        self._errors.pop(trajectory_id, None)
+
+
+# ---- evaluation --------------------------------------------------------------------------
+def pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    if len(a) < 2:
+        return math.nan
+    return float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1])
+
+
+def tail_recall(true: Sequence[float], pred: Sequence[float], frac: float = 0.2) -> float:
+    """Of the longest `frac` by truth, the share also in the longest `frac` by prediction."""
+    n = max(1, int(round(len(true) * frac)))
+    top_true = set(np.argsort(-np.asarray(true))[:n])
+    top_pred = set(np.argsort(-np.asarray(pred))[:n])
+    return len(top_true & top_pred) / n
+
+
+def evaluate(
+    estimate: dict[str, list[float]],
+    specs: Sequence[TrajectorySpec],
+    at_steps: Sequence[int] = (1, 2, 3),
+) -> dict[str, dict[str, float]]:
+    """Pearson r and longest-20% recall of predicted total length, among trajectories
+    still running after `k` steps, for each estimator's per-row predictions of
+    remaining tokens (rows as `training_rows` orders them)."""
+    _, _, where = training_rows(specs)
+    out: dict[str, dict[str, float]] = {}
+    for name, remaining in estimate.items():
+        for k in at_steps:
+            true, pred = [], []
+            for (t_index, step), rem in zip(where, remaining, strict=True):
+                if step != k:
+                    continue
+                spec = specs[t_index]
+                done = sum(s.output_tokens for s in spec.steps[:k])
+                true.append(spec.generated_tokens)
+                pred.append(done + rem)
+            out[f"{name}@{k}"] = {
+                "pearson_r": pearson(true, pred),
+                "tail_recall": tail_recall(true, pred),
+                "n": float(len(true)),
+            }
+    return out
+
+
+def prediction_latency_ms(predictor: RemainingPredictor, row: list[float], n: int = 2000) -> float:
+    arr = np.asarray([row])
+    started = time.perf_counter()
+    for _ in range(n):
+        predictor.predict_rows(arr)
+    return (time.perf_counter() - started) / n * 1e3
