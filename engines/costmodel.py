@@ -15,6 +15,7 @@ tables for that reason: they are what those measurements used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 BYTES_PER_PARAM = 2  # bf16 weights
 BYTES_PER_KV_ELEMENT = 2  # bf16 KV cache
@@ -92,6 +93,20 @@ ENGINE_RESTART_S = 20.0
 
 
 @dataclass(frozen=True)
+class IterationTerms:
+    """Iteration time = max(memory, compute) + all-reduce + overhead, each linear in the
+    batch's tokens and KV: the coefficients, so vectorised planners share the model."""
+
+    mem_base_s: float  # the weights, read once
+    mem_per_kv_token_s: float
+    compute_per_token_s: float
+    compute_per_attended_s: float
+    allreduce_base_s: float
+    allreduce_per_token_s: float
+    overhead_s: float
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Times for one engine instance: one model on `tp` GPUs of one kind."""
 
@@ -123,13 +138,24 @@ class CostModel:
             return 0
         return int(free // self.model.kv_bytes_per_token)
 
-    def _allreduce_s(self, num_tokens: int) -> float:
-        if self.tp == 1 or num_tokens == 0:
-            return 0.0
-        message = num_tokens * self.model.hidden_size * BYTES_PER_PARAM
-        ring = 2 * (self.tp - 1) / self.tp * message
-        per_call = ALLREDUCE_LATENCY_S + ring / (self.gpu.nvlink_bytes_per_s * NVLINK_EFFICIENCY)
-        return 2 * self.model.num_layers * per_call
+    @cached_property
+    def terms(self) -> IterationTerms:
+        """The iteration time's linear terms, computed once per instance shape."""
+        m = self.model
+        hbm = self.tp * self.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+        flops = self.tp * self.gpu.bf16_flops * COMPUTE_EFFICIENCY
+        nvlink = self.gpu.nvlink_bytes_per_s * NVLINK_EFFICIENCY
+        ring_bytes = 2 * (self.tp - 1) / self.tp * m.hidden_size * BYTES_PER_PARAM
+        two_per_layer = 2 * m.num_layers if self.tp > 1 else 0
+        return IterationTerms(
+            mem_base_s=m.weight_bytes / hbm,
+            mem_per_kv_token_s=m.kv_bytes_per_token / hbm,
+            compute_per_token_s=2 * m.num_params / flops,
+            compute_per_attended_s=4 * m.num_layers * m.hidden_size / flops,
+            allreduce_base_s=two_per_layer * ALLREDUCE_LATENCY_S,
+            allreduce_per_token_s=two_per_layer * ring_bytes / nvlink,
+            overhead_s=ITERATION_OVERHEAD_S,
+        )
 
     def iteration_s(
         self,
@@ -147,16 +173,14 @@ class CostModel:
         num_tokens = num_decode_seqs + num_prefill_tokens
         if num_tokens == 0:
             return 0.0
-        m = self.model
-        kv_read = (decode_context_tokens + prefill_cached_tokens) * m.kv_bytes_per_token
-        mem_s = (m.weight_bytes + kv_read) / self.tp / (self.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
-        linear_flops = 2 * m.num_params * num_tokens
-        attended = decode_context_tokens + num_prefill_tokens * prefill_attended_tokens
-        attn_flops = 4 * m.num_layers * m.hidden_size * attended
-        compute_s = (
-            (linear_flops + attn_flops) / self.tp / (self.gpu.bf16_flops * COMPUTE_EFFICIENCY)
+        t = self.terms
+        mem_s = (
+            t.mem_base_s + (decode_context_tokens + prefill_cached_tokens) * t.mem_per_kv_token_s
         )
-        return max(mem_s, compute_s) + self._allreduce_s(num_tokens) + ITERATION_OVERHEAD_S
+        attended = decode_context_tokens + num_prefill_tokens * prefill_attended_tokens
+        compute_s = num_tokens * t.compute_per_token_s + attended * t.compute_per_attended_s
+        allreduce_s = t.allreduce_base_s + num_tokens * t.allreduce_per_token_s
+        return max(mem_s, compute_s) + allreduce_s + t.overhead_s
 
     def decode_token_s(self, batch_size: int = 1, context_tokens: int = 1024) -> float:
         """Per-token latency of a decode iteration at `batch_size`, each with `context_tokens`."""

@@ -48,6 +48,11 @@ def run_bench(
         tp_choices=cluster.tp_choices,
         max_num_seqs=cluster.max_num_seqs,
         history=tuple(history),
+        model=cluster.model,
+        gpu=cluster.gpu,
+        num_gpus=cluster.num_gpus,
+        gpu_memory_utilization=cluster.gpu_memory_utilization,
+        truth=tuple(trace),
     )
     built = [create_policy(name, ctx) for name in policies]  # validates every name first
     bench = BenchResult(

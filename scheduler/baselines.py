@@ -103,3 +103,55 @@ def war(ctx: PolicyContext) -> Policy:
         Homogeneous(ctx.default_tp),
         "sticky below a load threshold; cache/load score and turns-left order above (WAR)",
     )
+
+
+# ---- Heddle and its ablations --------------------------------------------------------------
+def _heddle(
+    ctx: PolicyContext,
+    name: str,
+    *,
+    pps: bool = True,
+    dp: bool = True,
+    migrate: bool = True,
+    plan_tp: bool = True,
+    oracle: bool = False,
+) -> Policy:
+    from scheduler.heddle import HeddlePlacement, HeddlePlanner, LongestPredictedFirst
+    from scheduler.predictor import RemainingPredictor
+
+    if oracle:
+        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in ctx.truth}, plan_tp=plan_tp)
+    else:
+        predictor = RemainingPredictor.train(ctx.history) if ctx.history else None
+        planner = HeddlePlanner(ctx, predictor=predictor, plan_tp=plan_tp)
+    order = LongestPredictedFirst(planner) if pps else FirstComeFirstServed()
+    placement = HeddlePlacement(planner, use_dp=dp, migrate=migrate)
+    return Policy(
+        name, order, placement, planner, "Heddle" + ("" if name == "heddle" else f" ({name})")
+    )
+
+
+def heddle(ctx: PolicyContext) -> Policy:
+    """Progressive prediction and priority, presorted-DP placement with migration,
+    heterogeneous TP (Heddle paper)."""
+    return _heddle(ctx, "heddle")
+
+
+def heddle_no_pps(ctx: PolicyContext) -> Policy:
+    return _heddle(ctx, "heddle-no-pps", pps=False)
+
+
+def heddle_no_placement(ctx: PolicyContext) -> Policy:
+    return _heddle(ctx, "heddle-no-placement", dp=False)
+
+
+def heddle_no_migrate(ctx: PolicyContext) -> Policy:
+    return _heddle(ctx, "heddle-no-migrate", migrate=False)
+
+
+def heddle_fixed_tp(ctx: PolicyContext) -> Policy:
+    return _heddle(ctx, "heddle-fixed-tp", plan_tp=False)
+
+
+def heddle_oracle(ctx: PolicyContext) -> Policy:
+    return _heddle(ctx, "heddle-oracle", oracle=True)

@@ -80,6 +80,12 @@ class Placement(Protocol):
     ) -> None: ...
 
 
+class BatchAware(Protocol):
+    """A placement that plans from the whole batch before its first step."""
+
+    def on_batch_start(self, events: Sequence[StepEvent]) -> None: ...
+
+
 class Split(Protocol):
     def instances(self, num_gpus: int) -> list[InstanceSpec]: ...
 
@@ -93,6 +99,12 @@ class PolicyContext:
     tp_choices: tuple[int, ...] = (1, 2, 4, 8)
     max_num_seqs: int = 256
     history: tuple[TrajectorySpec, ...] = ()
+    model: str = "qwen3-8b"
+    gpu: str = "h100"
+    num_gpus: int = 8
+    gpu_memory_utilization: float = 0.9
+    # The batch itself, for the oracle ablation only (true lengths: the predictor's headroom).
+    truth: tuple[TrajectorySpec, ...] = ()
 
 
 @dataclass
@@ -123,3 +135,10 @@ class Policy:
         self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
     ) -> None:
         self.placement.on_trajectory_done(trajectory_id, group_id, generated_tokens, num_turns)
+
+    def on_batch_start(self, events: Sequence[StepEvent]) -> None:
+        """Called with every trajectory's first step before any runs (and before the
+        split is read: a planner may choose it from the batch)."""
+        start = getattr(self.placement, "on_batch_start", None)
+        if start is not None:
+            start(events)

@@ -201,7 +201,7 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
 
 def tail_recall(true: Sequence[float], pred: Sequence[float], frac: float = 0.2) -> float:
     """Of the longest `frac` by truth, the share also in the longest `frac` by prediction."""
-    n = max(1, int(round(len(true) * frac)))
+    n = max(1, round(len(true) * frac))
     top_true = set(np.argsort(-np.asarray(true))[:n])
     top_pred = set(np.argsort(-np.asarray(pred))[:n])
     return len(top_true & top_pred) / n

@@ -16,11 +16,26 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
     "autellix": baselines.autellix,
     "libra": baselines.libra,
     "war": baselines.war,
+    "heddle": baselines.heddle,
+    "heddle-no-pps": baselines.heddle_no_pps,
+    "heddle-no-placement": baselines.heddle_no_placement,
+    "heddle-no-migrate": baselines.heddle_no_migrate,
+    "heddle-fixed-tp": baselines.heddle_fixed_tp,
+    "heddle-oracle": baselines.heddle_oracle,
 }
+
+
+# Policies that plan their own split (heterogeneous TP, batch-start planning) run in the
+# simulator; the live system gets them with the scheduler service of the next issue.
+SIMULATOR_ONLY = frozenset(name for name in POLICIES if name.startswith("heddle"))
 
 
 def policy_names() -> list[str]:
     return sorted(POLICIES)
+
+
+def live_policy_names() -> list[str]:
+    return sorted(set(POLICIES) - SIMULATOR_ONLY)
 
 
 def create_policy(name: str, ctx: PolicyContext | None = None) -> Policy:

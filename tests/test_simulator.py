@@ -21,7 +21,7 @@ def trace():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("name", policy_names())
 def test_invariants_hold_for_every_policy(name: str, trace) -> None:  # type: ignore[no-untyped-def]
     history = tuple(r.spec for r in generate("coding", prompts=12, samples=16, seed=5, iteration=1))
-    policy = create_policy(name, PolicyContext(history=history))
+    policy = create_policy(name, PolicyContext(history=history, truth=tuple(trace)))
     sim = Simulator(trace=trace, policy=policy, record_steps=True, **CLUSTER)
     result = sim.run()
     # Every trace token generated exactly once.

@@ -94,6 +94,8 @@ class Simulator:
                              for s in trace}  # fmt: skip
         if len(self.trajectories) != len(trace):
             raise ValueError("trajectory ids repeat in the trace")
+        # A planning policy sees every first step before the split is read.
+        policy.on_batch_start([self._event(t) for t in self.trajectories.values()])
         self.instances: dict[str, _Instance] = {}
         for ispec in policy.split.instances(num_gpus):
             cost = CostModel.for_names(model, gpu, ispec.tp, gpu_memory_utilization)

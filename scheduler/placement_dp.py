@@ -1,0 +1,170 @@
+"""Presorted dynamic-programming placement (Heddle paper, "Presorted DP placement").
+
+Trajectories sorted by predicted remaining length, longest first, are cut into
+contiguous groups, one per instance (instances ordered widest first), to minimise the
+slowest group's predicted time `max_i L(first of g_i) * t_i(|g_i|)`, where `t_i(b)` is
+instance i's per-token time at batch b: the interference of running b requests together,
+from the cost model, including the slowdown when their KV does not fit. With the
+trajectories sorted, an optimal partition is contiguous (an exchange argument), so
+
+    dp[j][i] = min_k max(dp[j-1][k], L[k] * t_j(i - k))
+
+`dp[j-1][k]` grows with k and the group cost shrinks with k, so the best k is at their
+crossing, found by a binary search run for every i at once (numpy): O(m n log n).
+`t_j` depends on the group's size and its KV (the sum of its members' mean contexts),
+through the cost model's linear terms. Short trajectories beyond the first `exact` are
+aggregated into equal-count chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engines.costmodel import CostModel, IterationTerms
+
+
+@dataclass(frozen=True)
+class InstanceModel:
+    """An instance's per-token time for a group: b requests whose KV totals ctx tokens.
+
+    When the group's KV exceeds the cache (or b exceeds the seats), only a fitting
+    fraction runs at a time and the group takes proportionally longer.
+    """
+
+    tp: int
+    terms: IterationTerms
+    kv_capacity_tokens: int
+    max_num_seqs: int
+
+    @classmethod
+    def of(cls, cost: CostModel, max_num_seqs: int) -> InstanceModel:
+        return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
+
+    def per_token_s(self, batch: np.ndarray, context: np.ndarray) -> np.ndarray:
+        b = np.asarray(batch, dtype=np.float64)
+        c = np.asarray(context, dtype=np.float64)
+        room = self.kv_capacity_tokens / np.maximum(c, 1.0)
+        fit = np.minimum(1.0, np.minimum(room, self.max_num_seqs / np.maximum(b, 1.0)))
+        eb, ec = b * fit, c * fit
+        t = self.terms
+        mem = t.mem_base_s + ec * t.mem_per_kv_token_s
+        compute = eb * t.compute_per_token_s + ec * t.compute_per_attended_s
+        allreduce = t.allreduce_base_s + eb * t.allreduce_per_token_s
+        iteration = np.maximum(mem, compute) + allreduce + t.overhead_s
+        return np.where(b > 0, iteration / fit, 0.0)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Group sizes (in trajectories), one per instance in the order given, and the
+    predicted makespan."""
+
+    sizes: tuple[int, ...]
+    makespan_s: float
+
+
+def _aggregate(
+    lengths: np.ndarray, contexts: np.ndarray, exact: int, max_items: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keep the longest `exact` as they are; chunk the rest (a chunk's length is its
+    longest member's, its weight its member count, its context its members' sum)."""
+    n = len(lengths)
+    if n <= max_items:
+        return lengths, np.ones(n, dtype=np.int64), contexts
+    chunks = max_items - exact
+    edges = np.unique(np.linspace(exact, n, chunks + 1).round().astype(np.int64))
+    ctx_prefix = np.concatenate([[0.0], np.cumsum(contexts)])
+    return (
+        np.concatenate([lengths[:exact], lengths[edges[:-1]]]),
+        np.concatenate([np.ones(exact, dtype=np.int64), np.diff(edges)]),
+        np.concatenate([contexts[:exact], ctx_prefix[edges[1:]] - ctx_prefix[edges[:-1]]]),
+    )
+
+
+def solve(
+    lengths_desc: Sequence[float],
+    contexts: Sequence[float],
+    instances: Sequence[InstanceModel],
+    *,
+    exact: int = 256,
+    max_items: int = 768,
+) -> Partition:
+    """Optimal contiguous partition of `lengths_desc` (remaining tokens, sorted longest
+    first; `contexts` their mean KV while they run) over `instances` (widest first)."""
+    lengths = np.asarray(lengths_desc, dtype=np.float64)
+    if len(lengths) == 0:
+        return Partition(tuple(0 for _ in instances), 0.0)
+    if np.any(np.diff(lengths) > 0):
+        raise ValueError("lengths must be sorted longest first")
+    items, weights, ctx = _aggregate(lengths, np.asarray(contexts, np.float64), exact, max_items)
+    n = len(items)
+    size_before = np.concatenate([[0], np.cumsum(weights)])  # trajectories before item k
+    ctx_before = np.concatenate([[0.0], np.cumsum(ctx)])
+    head = np.concatenate([items, [0.0]])  # L[k], the longest of a group starting at k
+    idx = np.arange(n + 1)
+    dp_prev = np.full(n + 1, np.inf)
+    dp_prev[0] = 0.0
+    choices = []
+    for inst in instances:
+
+        def cost(k: np.ndarray, i: np.ndarray, inst: InstanceModel = inst) -> np.ndarray:
+            size = size_before[i] - size_before[k]
+            return head[k] * inst.per_token_s(size, ctx_before[i] - ctx_before[k])
+
+        lo = np.zeros(n + 1, dtype=np.int64)
+        hi = idx.copy()
+        while np.any(lo < hi):
+            mid = (lo + hi) // 2
+            crossed = dp_prev[mid] >= cost(mid, idx)
+            hi = np.where(crossed, mid, hi)
+            lo = np.where(crossed, lo, mid + 1)
+        best_k = lo
+        val = np.maximum(dp_prev[best_k], cost(best_k, idx))
+        left = np.maximum(best_k - 1, 0)
+        val_left = np.maximum(dp_prev[left], cost(left, idx))
+        use_left = (best_k > 0) & (val_left < val)
+        best_k = np.where(use_left, left, best_k)
+        dp_prev = np.minimum(val, np.where(use_left, val_left, np.inf))
+        choices.append(best_k)
+    # Backtrack from all items placed.
+    sizes = []
+    i = n
+    for best_k in reversed(choices):
+        k = int(best_k[i])
+        sizes.append(int(size_before[i] - size_before[k]))
+        i = k
+    if i != 0:
+        raise AssertionError("the partition does not cover every trajectory")
+    return Partition(tuple(reversed(sizes)), float(dp_prev[n]))
+
+
+def brute_force(
+    lengths_desc: Sequence[float], contexts: Sequence[float], instances: Sequence[InstanceModel]
+) -> float:
+    """Exhaustive optimum over all contiguous partitions (for tests on small cases)."""
+    lengths = list(lengths_desc)
+    n, m = len(lengths), len(instances)
+    best = np.inf
+
+    def rec(start: int, j: int, worst: float) -> None:
+        nonlocal best
+        if worst >= best:
+            return
+        if j == m:
+            if start == n:
+                best = worst
+            return
+        for end in range(start, n + 1):
+            if end == start:
+                c = 0.0
+            else:
+                group_ctx = np.array(float(sum(contexts[start:end])))
+                per_token = float(instances[j].per_token_s(np.array(end - start), group_ctx))
+                c = lengths[start] * per_token
+            rec(end, j + 1, max(worst, c))
+
+    rec(0, 0, 0.0)
+    return float(best)

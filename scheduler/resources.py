@@ -1,0 +1,123 @@
+"""The resource manager: how many instances of which TP degree (Heddle paper,
+"Resource manager").
+
+The GPU budget is split into instances with TP degrees from `tp_choices`; lengths sorted
+longest first map to instances sorted widest first, so the long tail runs on wide,
+low-latency instances and the many short trajectories on narrow, high-throughput ones.
+The search is simulated annealing from a sort-based start, each candidate costed by the
+presorted DP; moves split an instance in two or merge two equal ones; Metropolis
+acceptance from a temperature equal to the initial makespan, cooled geometrically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engines.costmodel import CostModel
+from scheduler.placement_dp import InstanceModel, Partition, solve
+
+COOLING = 0.97
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    tps: tuple[int, ...]  # widest first
+    partition: Partition
+    evaluated: int
+
+
+@dataclass
+class SplitPlanner:
+    model: str
+    gpu: str
+    num_gpus: int
+    tp_choices: Sequence[int]
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.9
+
+    def _fits(self) -> list[int]:
+        ok = []
+        for tp in sorted(self.tp_choices):
+            cost = CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization)
+            if tp <= self.num_gpus and cost.kv_capacity_tokens > 0:
+                ok.append(tp)
+        if not ok:
+            raise ValueError(f"{self.model} fits on no allowed TP degree of {self.gpu}")
+        return ok
+
+    def models(self) -> dict[int, InstanceModel]:
+        return {
+            tp: InstanceModel.of(
+                CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization),
+                self.max_num_seqs,
+            )
+            for tp in self._fits()
+        }
+
+    def homogeneous(self, tp: int) -> tuple[int, ...]:
+        if self.num_gpus % tp:
+            raise ValueError(f"{self.num_gpus} GPUs do not divide into TP-{tp} instances")
+        return (tp,) * (self.num_gpus // tp)
+
+    def plan(
+        self,
+        lengths_desc: Sequence[float],
+        contexts: Sequence[float],
+        *,
+        iterations: int = 200,
+        seed: int = 0,
+    ) -> SplitPlan:
+        fits = self._fits()
+        models = self.models()
+        cache: dict[tuple[int, ...], Partition] = {}
+
+        def cost(tps: tuple[int, ...]) -> Partition:
+            if tps not in cache:
+                cache[tps] = solve(lengths_desc, contexts, [models[tp] for tp in tps])
+            return cache[tps]
+
+        # Sort-based start: the narrowest degree everywhere; the DP then orders by width.
+        state = self.homogeneous(fits[0]) if self.num_gpus % fits[0] == 0 else (fits[0],)
+        best = current = state
+        temperature = cost(state).makespan_s
+        rng = np.random.default_rng(seed)
+        for _ in range(iterations):
+            candidate = self._neighbour(current, fits, rng)
+            if candidate is None:
+                continue
+            delta = cost(candidate).makespan_s - cost(current).makespan_s
+            if delta < 0 or rng.random() < math.exp(-delta / max(temperature, 1e-12)):
+                current = candidate
+                if cost(current).makespan_s < cost(best).makespan_s:
+                    best = current
+            temperature *= COOLING
+        return SplitPlan(best, cost(best), len(cache))
+
+    @staticmethod
+    def _neighbour(
+        tps: tuple[int, ...], fits: Sequence[int], rng: np.random.Generator
+    ) -> tuple[int, ...] | None:
+        items = list(tps)
+        if rng.random() < 0.5:  # split one instance in two halves
+            splittable = [i for i, tp in enumerate(items) if tp // 2 in fits]
+            if not splittable:
+                return None
+            i = splittable[int(rng.integers(len(splittable)))]
+            half = items.pop(i) // 2
+            items += [half, half]
+        else:  # merge two instances of one degree
+            counts: dict[int, int] = {}
+            for tp in items:
+                counts[tp] = counts.get(tp, 0) + 1
+            mergeable = [tp for tp, c in counts.items() if c >= 2 and 2 * tp in fits]
+            if not mergeable:
+                return None
+            tp = mergeable[int(rng.integers(len(mergeable)))]
+            items.remove(tp)
+            items.remove(tp)
+            items.append(2 * tp)
+        return tuple(sorted(items, reverse=True))

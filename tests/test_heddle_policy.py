@@ -1,0 +1,114 @@
+"""Heddle's policy core: presorted DP (optimal on small cases), the TP planner, the
+predictor, and migration on a rank change."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engines.costmodel import CostModel
+from heddle.client import validate_options
+from heddle.types import RolloutOptions
+from heddle.workloads import generate
+from scheduler.heddle import HeddlePlacement, HeddlePlanner
+from scheduler.interface import InstanceState, PolicyContext, StepEvent
+from scheduler.placement_dp import InstanceModel, brute_force, solve
+from scheduler.predictor import RemainingPredictor, evaluate, training_rows
+from scheduler.resources import SplitPlanner
+
+
+def _model(tp: int, model: str = "qwen3-8b") -> InstanceModel:
+    return InstanceModel.of(CostModel.for_names(model, "h100", tp), 256)
+
+
+def test_dp_is_optimal_on_small_cases() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        n, m = rng.randint(1, 9), rng.randint(1, 4)
+        lengths = sorted((rng.lognormvariate(7, 1.2) for _ in range(n)), reverse=True)
+        contexts = [rng.randint(100, 3000) + x / 2 for x in lengths]
+        models = [
+            _model(tp) for tp in sorted((rng.choice([1, 2, 4]) for _ in range(m)), reverse=True)
+        ]
+        part = solve(lengths, contexts, models)
+        assert sum(part.sizes) == n
+        assert part.makespan_s == pytest.approx(brute_force(lengths, contexts, models), rel=1e-9)
+
+
+def test_dp_groups_longest_on_the_widest_and_rejects_unsorted() -> None:
+    lengths = [40_000, 30_000] + [500] * 200
+    part = solve(lengths, [20_000, 15_000] + [800] * 200, [_model(8), _model(1), _model(1)])
+    assert part.sizes[0] <= 2  # the tail gets the wide instance nearly to itself
+    with pytest.raises(ValueError, match="sorted"):
+        solve([1, 2], [1, 1], [_model(1)])
+
+
+def test_split_planner_returns_a_valid_split_no_worse_than_homogeneous() -> None:
+    lengths = sorted(np.random.default_rng(1).lognormal(8, 1, 2000), reverse=True)
+    contexts = [1000 + x / 2 for x in lengths]
+    planner = SplitPlanner("qwen3-14b", "h100", 32, (1, 2, 4, 8))
+    plan = planner.plan(lengths, contexts, iterations=120)
+    assert sum(plan.tps) == 32
+    assert set(plan.tps) <= {1, 2, 4, 8}
+    assert list(plan.tps) == sorted(plan.tps, reverse=True)
+    models = planner.models()
+    homogeneous = solve(lengths, contexts, [models[1]] * 32)
+    assert plan.partition.makespan_s <= homogeneous.makespan_s
+
+
+def test_predictor_ranks_remaining_work_better_than_the_simple_estimators() -> None:
+    history = [r.spec for r in generate("math", prompts=150, seed=0, iteration=0)]
+    test = [r.spec for r in generate("math", prompts=150, seed=0, iteration=1)]
+    predictor = RemainingPredictor.train(history)
+    x, _, where = training_rows(test)
+    predicted = list(predictor.predict_rows(x))
+    generated = [sum(s.output_tokens for s in test[t].steps[:k]) for t, k in where]
+    sibling = [max(1.0, sum(s.generated_tokens for s in test if s.group_id == test[t].group_id)
+                   / 16 - g) for (t, _), g in zip(where, generated, strict=True)]  # fmt: skip
+    report = evaluate({"lgbm": predicted, "sibling": sibling}, test, at_steps=(2,))
+    assert report["lgbm@2"]["pearson_r"] >= 0.7
+    assert report["lgbm@2"]["pearson_r"] > report["sibling@2"]["pearson_r"]
+
+
+def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
+    return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
+                     prompt_tokens=100)  # fmt: skip
+
+
+def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None:
+    from heddle.types import StepSpec, TrajectorySpec
+
+    def spec(tid: str, tokens: int) -> TrajectorySpec:
+        return TrajectorySpec(
+            tid, "g", 100, (StepSpec(10, "python", 0.1, "ok", 5), StepSpec(tokens))
+        )
+
+    truth = [spec("long", 30_000), *(spec(f"s{i}", 100 + i) for i in range(40))]
+    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    assert planner.tps[0] >= 4  # the long tail gets a wide instance
+    wide = planner.instance_ids[0]
+    states = [
+        InstanceState(i, 0, 0, tp) for i, tp in zip(planner.instance_ids, planner.tps, strict=True)
+    ]
+    first = placement.place(_event("long", 0, 0, None), states, 0.0)
+    assert first.instance_id == wide
+    short = placement.place(_event("s5", 0, 0, None), states, 0.0)
+    assert short.instance_id != wide
+    # Re-prediction finds s5 far longer than thought: its rank rises to the top and it
+    # moves to the wide instance, carrying its KV (migrate=True) while its tool runs.
+    planner.truth["s5"] = spec("s5", 50_000)
+    moved = placement.place(_event("s5", 1, 10, short.instance_id), states, 1.0)
+    assert moved.instance_id == wide
+    assert moved.migrate
+    assert moved.reason == "rank_moved"
+
+
+def test_live_rollouts_refuse_simulator_only_policies() -> None:
+    with pytest.raises(ValueError, match="simulator only"):
+        validate_options(RolloutOptions(policy="heddle"))
+    validate_options(RolloutOptions(policy="verl"))
