@@ -28,7 +28,6 @@ from scheduler.predictor import (
     evaluate,
     pearson,
     prediction_latency_ms,
-    tail_recall,
     training_rows,
 )
 from scheduler.resources import SplitPlanner
