@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from heddle.sim.metrics import percentile
+from heddle.stats import percentile
 from heddle.types import TrajectorySpec
 
 

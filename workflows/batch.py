@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
     from heddle import search_attributes as sa
     from heddle.queues import trajectories_queue
+    from heddle.stats import percentile
     from heddle.types import (
         BatchInput,
         BatchReport,
@@ -26,14 +27,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows import policy
     from workflows.trajectory import TrajectoryWorkflow
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[min(int(rank), len(sorted_values)) - 1]
 
 
 @workflow.defn(name="RolloutBatchWorkflow")

@@ -9,14 +9,6 @@ from engines.costmodel import CostModel
 from heddle.types import TrajectorySpec
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return float(sorted_values[min(int(rank), len(sorted_values)) - 1])
-
-
 @dataclass
 class SimResult:
     policy: str

@@ -16,11 +16,13 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engines.core import DecodeBlock, EngineCore, EngineLimits, StepOutput
 from engines.costmodel import CostModel
 from engines.request import EngineRequest
-from heddle.sim.metrics import SimResult, percentile
+from heddle.sim.metrics import SimResult
+from heddle.stats import percentile
 from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, Policy, StepEvent
 from scheduler.libra import tool_state
@@ -343,24 +345,6 @@ class Simulator:
         )
 
 
-def simulate(
-    trace: Sequence[TrajectorySpec],
-    policy: Policy,
-    *,
-    model: str,
-    gpu: str,
-    num_gpus: int,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
-    gpu_memory_utilization: float = 0.9,
-) -> SimResult:
-    return Simulator(
-        trace=trace,
-        policy=policy,
-        model=model,
-        gpu=gpu,
-        num_gpus=num_gpus,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_utilization=gpu_memory_utilization,
-    ).run()
+def simulate(trace: Sequence[TrajectorySpec], policy: Policy, **cluster: Any) -> SimResult:
+    """Run one policy on one trace; `cluster` is `Simulator`'s model, GPU and limits."""
+    return Simulator(trace=trace, policy=policy, **cluster).run()
