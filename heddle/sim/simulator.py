@@ -118,6 +118,8 @@ class Simulator:
         self.migration_s = 0.0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
+        self._state_list: list[InstanceState] | None = None
+        self._state_pos: dict[str, int] = {}
 
     # ---- events ------------------------------------------------------------------------
     def _push(self, t: float, kind: int, ref: object) -> None:
@@ -145,10 +147,24 @@ class Simulator:
         return self._result(time.perf_counter() - started)
 
     def _states(self) -> list[InstanceState]:
-        return [
-            InstanceState(iid, i.in_flight, i.sessions, i.spec.tp, i.spec.role)
-            for iid, i in self.instances.items()
-        ]
+        """What policies see of the instances; entries are refreshed as counts change, so
+        a decision costs no more than the policy's own scan."""
+        if self._state_list is None:
+            self._state_list = [self._state(i) for i in self.instances.values()]
+            self._state_pos = {iid: k for k, iid in enumerate(self.instances)}
+        return self._state_list
+
+    @staticmethod
+    def _state(inst: _Instance) -> InstanceState:
+        return InstanceState(
+            inst.spec.instance_id, inst.in_flight, inst.sessions, inst.spec.tp, inst.spec.role
+        )
+
+    def _refresh(self, *instances: _Instance) -> None:
+        if self._state_list is None:
+            return
+        for inst in instances:
+            self._state_list[self._state_pos[inst.spec.instance_id]] = self._state(inst)
 
     def _event(self, traj: _Trajectory) -> StepEvent:
         step = traj.spec.steps[traj.step_index - 1] if traj.step_index else None
@@ -192,7 +208,9 @@ class Simulator:
         inst = self.instances[decision.instance_id]
         if traj.last_instance != decision.instance_id:
             if traj.last_instance is not None:
-                self.instances[traj.last_instance].sessions -= 1
+                old = self.instances[traj.last_instance]
+                old.sessions -= 1
+                self._refresh(old)
             inst.sessions += 1
         traj.last_instance = decision.instance_id
         self._materialise(inst)
@@ -209,6 +227,7 @@ class Simulator:
             )
         )
         inst.in_flight += 1
+        self._refresh(inst)
         traj.submitted_at = self.now
         if not inst.running:
             self._start(inst)
@@ -274,6 +293,7 @@ class Simulator:
         traj = self.trajectories[tid]
         step = traj.spec.steps[int(index)]
         inst.in_flight -= 1
+        self._refresh(inst)
         first = self._first_scheduled.pop(request_id, traj.submitted_at)
         traj.queued_s += first - traj.submitted_at
         if self.step_log is not None:
@@ -291,6 +311,7 @@ class Simulator:
         if step.tool is None:
             traj.finished_at = self.now
             inst.sessions -= 1
+            self._refresh(inst)
             self.policy.on_trajectory_done(
                 tid, traj.spec.group_id, traj.generated, len(traj.spec.steps)
             )
