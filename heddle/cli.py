@@ -572,28 +572,28 @@ def trace_gen(
     console.print(f"wrote {len(records)} trajectories, {tokens:,} tokens to generate, to {out}")
 
 
+def _load_trace_or_fail(path: Path) -> list[Any]:
+    from heddle.trace import load_trace
+
+    try:
+        return load_trace(path)
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+
+
 @trace_app.command("stats")
 def trace_stats_cmd(path: Path) -> None:
     """Token, turn, group-variance and tool statistics of a trace, as JSON."""
-    from heddle.trace import load_trace
     from heddle.tracestats import trace_stats
 
-    try:
-        records = load_trace(path)
-    except InputError as exc:
-        raise _fail(str(exc)) from None
+    records = _load_trace_or_fail(path)
     console.print_json(json.dumps(trace_stats([r.spec for r in records])))
 
 
 @trace_app.command("validate")
 def trace_validate(path: Path) -> None:
     """Check a trace; print the first error with its file, line and field."""
-    from heddle.trace import load_trace
-
-    try:
-        records = load_trace(path)
-    except InputError as exc:
-        raise _fail(str(exc)) from None
+    records = _load_trace_or_fail(path)
     console.print(f"{path}: {len(records)} trajectories, valid")
 
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
 from heddle.worker import WorkerOptions, run_worker
 
@@ -45,6 +46,17 @@ async def in_process_worker(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+@contextlib.asynccontextmanager
+async def live_client(
+    address: str, store_url: str, prefix: str, *, time_scale: float = 0.05
+) -> AsyncIterator[HeddleClient]:
+    """A worker in this process and a client for it, on a fresh task-queue prefix."""
+    async with in_process_worker(address, store_url, prefix, time_scale=time_scale):
+        client = await HeddleClient.connect(address, store_url=store_url, queue_prefix=prefix)
+        async with client:
+            yield client
 
 
 def worker_process(

@@ -7,11 +7,10 @@ import time
 
 from temporalio.client import Client
 
-from heddle.client import HeddleClient
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
-from tests.live import in_process_worker
+from tests.live import live_client
 
 
 async def count_workflows(client: Client, query: str, expected: int, timeout_s: float = 20) -> int:
@@ -32,10 +31,9 @@ def test_batch_of_64_completes_with_every_trajectory_recorded(
     expected_steps = {r.spec.trajectory_id: len(r.spec.steps) for r in records}
 
     async def run() -> None:
-        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.03):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.03
+        ) as client:
             handle = await client.start_rollout(records=records, options=RolloutOptions())
             report = await asyncio.wait_for(handle.report(), 240)
 
@@ -95,10 +93,9 @@ def test_turn_and_token_limits_end_a_trajectory(
     records = generate("math", prompts=1, samples=8, seed=3)
 
     async def run() -> None:
-        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
             opts = RolloutOptions(max_turns=1, max_tokens=100)
             report = await (await client.start_rollout(records=records, options=opts)).report()
             rows = await client.list_trajectories(report.batch_id)
@@ -127,10 +124,9 @@ def test_a_failing_trajectory_does_not_fail_the_batch(
     )
 
     async def run() -> None:
-        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
             handle = await client.start_rollout(records=[*good, huge])
             report = await asyncio.wait_for(handle.report(), 120)
             assert (report.completed, report.failed) == (6, 1)
@@ -168,10 +164,9 @@ def test_real_tools_run_and_their_observations_are_stored(
     )  # fmt: skip
 
     async def run() -> None:
-        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
             handle = await client.start_rollout(
                 records=[TraceRecord(spec=spec)], options=RolloutOptions(tools="real")
             )
@@ -199,10 +194,9 @@ def test_in_flight_window_bounds_concurrent_trajectories(
     records = generate("math", prompts=1, samples=16, seed=8)
 
     async def run() -> None:
-        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
             handle = await client.start_rollout(
                 records=records, options=RolloutOptions(max_in_flight=4)
             )
