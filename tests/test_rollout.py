@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from temporalio.client import Client
 
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
+from scheduler.registry import live_policy_names
 from tests.live import live_client
 
 
@@ -211,5 +213,26 @@ def test_in_flight_window_bounds_concurrent_trajectories(
                 live += delta
                 peak = max(peak, live)
             assert peak == 4
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("policy", live_policy_names())
+def test_every_live_policy_completes_a_batch(
+    temporal_address: str, store_url: str, queue_prefix: str, policy: str
+) -> None:
+    records = generate("math", prompts=1, samples=6, seed=4)
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
+            handle = await client.start_rollout(
+                records=records, options=RolloutOptions(policy=policy)
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == 6
+            assert report.policy == policy
+            assert report.generated_tokens == sum(r.spec.generated_tokens for r in records)
 
     asyncio.run(run())
