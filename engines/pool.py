@@ -54,9 +54,6 @@ class EnginePool:
     def instance_ids(self) -> list[str]:
         return list(self.engines)
 
-    def loads(self) -> dict[str, int]:
-        return {iid: engine.load for iid, engine in self.engines.items()}
-
     async def start(self) -> None:
         for engine in self.engines.values():
             await engine.start()
