@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--policy", action="append", help="default: every registered policy")
+    parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: all")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     policies = args.policy or [BASELINE] + [p for p in policy_names() if p != BASELINE]
@@ -39,12 +41,14 @@ def main() -> None:
     lines = [
         f"# Paper setting: {args.gpus} H100, {args.prompts} prompts x {args.samples} samples",
         "",
-        f"Command: `python benchmarks/paper_setting.py --prompts {args.prompts}`. Throughput "
+        f"Command: `python {' '.join(sys.argv)}`. Throughput "
         f"is generated tokens / makespan (modelled); `x {BASELINE}` is the ratio to {BASELINE}; "
         "`/bound` is makespan over the lower bound (1.00 is perfect).",
         "",
     ]
     for model, tp in MODELS.items():
+        if args.model and model not in args.model:
+            continue
         cluster = ClusterConfig(model=model, gpu="h100", num_gpus=args.gpus, default_tp=tp)
         for workload in WORKLOADS:
             trace = [

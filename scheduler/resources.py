@@ -38,15 +38,21 @@ class SplitPlanner:
     tp_choices: Sequence[int]
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.9
+    # An instance must hold one whole trajectory: the 40K-token budget plus its prompt
+    # and tool outputs (Qwen3-32B on one H100 keeps only ~9K tokens of KV).
+    min_kv_tokens: int = 48_000
 
     def _fits(self) -> list[int]:
         ok = []
         for tp in sorted(self.tp_choices):
             cost = CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization)
-            if tp <= self.num_gpus and cost.kv_capacity_tokens > 0:
+            if tp <= self.num_gpus and cost.kv_capacity_tokens >= self.min_kv_tokens:
                 ok.append(tp)
         if not ok:
-            raise ValueError(f"{self.model} fits on no allowed TP degree of {self.gpu}")
+            raise ValueError(
+                f"no allowed TP degree of {self.gpu} holds {self.min_kv_tokens} KV tokens "
+                f"of {self.model}"
+            )
         return ok
 
     def models(self) -> dict[int, InstanceModel]:

@@ -112,3 +112,11 @@ def test_live_rollouts_refuse_simulator_only_policies() -> None:
     with pytest.raises(ValueError, match="simulator only"):
         validate_options(RolloutOptions(policy="heddle"))
     validate_options(RolloutOptions(policy="verl"))
+
+
+def test_planner_never_chooses_an_instance_too_small_for_a_trajectory() -> None:
+    # Qwen3-32B on one H100 holds ~9K tokens of KV: TP 1 is not a valid choice.
+    planner = SplitPlanner("qwen3-32b", "h100", 16, (1, 2, 4, 8))
+    plan = planner.plan([30_000.0, 20_000.0, 500.0], [16_000.0, 11_000.0, 800.0])
+    assert 1 not in plan.tps
+    assert sum(plan.tps) == 16
