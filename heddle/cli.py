@@ -497,7 +497,10 @@ def bench(
             raise ValueError(f"unknown policy {unknown[0]!r}; valid policies: {policy_names()}")
     except (InputError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    result = run_bench(specs, cfg, policy, history=hist)
+    try:
+        result = run_bench(specs, cfg, policy, history=hist)
+    except ValueError as exc:  # a policy that cannot be built from what was given
+        raise _fail(str(exc)) from None
     bound = result.lower_bound["lower_bound_s"]
     first = result.results[policy[0]]
     table = Table(

@@ -122,8 +122,14 @@ def _heddle(
     if oracle:
         planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in ctx.truth}, plan_tp=plan_tp)
     else:
-        predictor = RemainingPredictor.train(ctx.history) if ctx.history else None
-        planner = HeddlePlanner(ctx, predictor=predictor, plan_tp=plan_tp)
+        if not ctx.history:
+            raise ValueError(
+                f"policy {name!r} learns from an earlier iteration: give it a history "
+                "(heddle bench --history FILE)"
+            )
+        planner = HeddlePlanner(
+            ctx, predictor=RemainingPredictor.train(ctx.history), plan_tp=plan_tp
+        )
     order = LongestPredictedFirst(planner) if pps else FirstComeFirstServed()
     placement = HeddlePlacement(planner, use_dp=dp, migrate=migrate)
     return Policy(

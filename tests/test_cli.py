@@ -314,6 +314,9 @@ def test_bench_rejects_bad_input_before_running(tmp_path: Path) -> None:
     bad = heddle("bench", "--trace", str(trace), "--cluster", str(cluster), "--policy", "nope")
     assert bad.returncode == 2
     assert "valid policies" in bad.stderr
+    bad = heddle("bench", "--trace", str(trace), "--cluster", str(cluster), "--policy", "heddle")
+    assert bad.returncode == 2
+    assert "--history FILE" in bad.stderr.replace("\n", "")
     broken = write_trace(tmp_path / "b.jsonl", [traj("x", [{"output_tokens": 0}])])
     bad = heddle("bench", "--trace", str(broken), "--cluster", str(cluster), "--policy", "verl")
     assert bad.returncode == 2
