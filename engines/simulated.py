@@ -66,7 +66,6 @@ class SimulatedEngine:
         self._pending: dict[str, _Pending] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.busy_s = 0.0  # wall-clock seconds spent in modelled iterations
 
     @property
     def load(self) -> int:
@@ -128,7 +127,6 @@ class SimulatedEngine:
                 if made and pending.on_progress is not None:
                     pending.on_progress(pending.request.num_output_tokens)
             scaled = out.duration_s * self.time_scale
-            self.busy_s += scaled
             target += scaled
             delay = target - time.monotonic()
             if delay >= MIN_SLEEP_S:

@@ -80,6 +80,15 @@ def run_bench(
     return bench
 
 
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
     """Completion-time CDF per policy, per-instance Gantt per policy, throughput over time."""
     import matplotlib
@@ -100,10 +109,7 @@ def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
     ax.set_ylabel("fraction of trajectories")
     ax.set_title("Trajectory completion time CDF")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "completion_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "completion_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, r in bench.results.items():
@@ -119,10 +125,7 @@ def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
     ax.set_ylabel("generated tokens / s")
     ax.set_title("Rollout throughput over time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "throughput.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "throughput.png"))
 
     for name, r in bench.results.items():
         ids = sorted({iid for iid, _, _ in r.busy_intervals}, key=lambda s: (len(s), s))
@@ -133,8 +136,5 @@ def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
         ax.set_yticks(range(len(ids)), ids, fontsize=5)
         ax.set_xlabel("time (s)")
         ax.set_title(f"{name}: instance busy time (makespan {r.makespan_s:.0f} s)")
-        fig.tight_layout()
-        paths.append(out_dir / f"gantt_{name}.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, out_dir / f"gantt_{name}.png"))
     return paths

@@ -91,7 +91,6 @@ class DecideRequest:
     context_tokens: int
     generated_tokens: int
     policy: str = "least_loaded"
-    queue_prefix: str = ""
 
 
 @dataclass
@@ -102,7 +101,6 @@ class StepReport:
     instance_id: str
     step_index: int
     output_tokens: int
-    queue_prefix: str = ""
 
 
 @dataclass

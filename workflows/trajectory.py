@@ -69,7 +69,6 @@ class TrajectoryWorkflow:
                         context_tokens=context,
                         generated_tokens=self._generated,
                         policy=opts.policy,
-                        queue_prefix=opts.queue_prefix,
                     ),
                     result_type=Decision,
                     start_to_close_timeout=policy.DECIDE_TIMEOUT,
