@@ -34,7 +34,7 @@ from scheduler.resources import SplitPlanner
 
 PEERS = ["verl", "verl_star", "slime", "sticky_least_loaded", "autellix", "libra", "war"]
 HEDDLE = ["heddle", "heddle-no-pps", "heddle-no-placement", "heddle-no-migrate",
-          "heddle-fixed-tp", "heddle-oracle"]  # fmt: skip
+          "heddle-fixed-tp", "heddle-no-reshape", "heddle-oracle"]  # fmt: skip
 
 
 def predictor_report(workload: str, prompts: int) -> None:

@@ -9,6 +9,9 @@ The shape follows what the Heddle paper and its peers report (REFERENCES.md):
 - tool latency means from the paper's setting: coding 0.41-0.46 s, search 1.41-1.43 s,
   math 0.046-0.054 s (exponential around 0.45, 1.4 and 0.05 s);
 - a 40K generated-token budget per trajectory (the paper's max tokens);
+- prompts are a data set that every iteration draws again (an epoch per iteration): a
+  prompt keeps its length and its difficulty, which moves a little as the policy learns
+  (`DIFFICULTY_JITTER_SIGMA`);
 - drift between iterations: as the policy trains, turns get longer and tools fail less
   (`DRIFT_*` below), so an earlier iteration's trace predicts a later one imperfectly.
 
@@ -52,6 +55,9 @@ WORKLOADS: dict[str, WorkloadShape] = {
 # Per iteration: turns grow 3% longer, tool errors 5% rarer (relative), down to a floor.
 DRIFT_OUTPUT_PER_ITERATION = 0.03
 DRIFT_ERRORS_PER_ITERATION = 0.05
+# A prompt's difficulty in one iteration: its own (lognormal, sigma 0.5) times this much
+# lognormal change, so the prompt's record from an earlier iteration is a noisy guide.
+DIFFICULTY_JITTER_SIGMA = 0.25
 
 
 def _trajectory(
@@ -119,9 +125,13 @@ def generate(
     records = []
     for p in range(prompts):
         gid = f"it{iteration}-p{p}"
-        prompt_tokens = rng.randint(*shape.prompt_tokens)
-        # Prompt difficulty is shared by the group; samples still diverge widely.
-        difficulty = rng.lognormvariate(0, 0.5)
+        # The prompt's own length and difficulty, the same in every iteration.
+        prompt_rng = random.Random(f"{workload}:{seed}:prompt{p}")
+        prompt_tokens = prompt_rng.randint(*shape.prompt_tokens)
+        # Difficulty is shared by the group; samples still diverge widely.
+        difficulty = prompt_rng.lognormvariate(0, 0.5) * rng.lognormvariate(
+            0, DIFFICULTY_JITTER_SIGMA
+        )
         for s in range(samples):
             records.append(
                 _trajectory(rng, shape, f"{gid}-s{s}", gid, workload, prompt_tokens, difficulty)

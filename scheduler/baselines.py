@@ -114,22 +114,23 @@ def _heddle(
     dp: bool = True,
     migrate: bool = True,
     plan_tp: bool = True,
+    reshape: bool = True,
     oracle: bool = False,
 ) -> Policy:
     from scheduler.heddle import HeddlePlacement, HeddlePlanner, LongestPredictedFirst
     from scheduler.predictor import RemainingPredictor
 
     if oracle:
-        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in ctx.truth}, plan_tp=plan_tp)
+        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in ctx.truth})
     else:
         if not ctx.history:
             raise ValueError(
                 f"policy {name!r} learns from an earlier iteration: give it a history "
                 "(heddle bench --history FILE)"
             )
-        planner = HeddlePlanner(
-            ctx, predictor=RemainingPredictor.train(ctx.history), plan_tp=plan_tp
-        )
+        planner = HeddlePlanner(ctx, predictor=RemainingPredictor.train(ctx.history))
+    # A fixed split stays fixed: no reshaping between iterations or during rollout.
+    planner.plan_tp, planner.reshape_during = plan_tp, plan_tp and reshape
     order = LongestPredictedFirst(planner) if pps else FirstComeFirstServed()
     placement = HeddlePlacement(planner, use_dp=dp, migrate=migrate)
     return Policy(
@@ -157,6 +158,11 @@ def heddle_no_migrate(ctx: PolicyContext) -> Policy:
 
 def heddle_fixed_tp(ctx: PolicyContext) -> Policy:
     return _heddle(ctx, "heddle-fixed-tp", plan_tp=False)
+
+
+def heddle_no_reshape(ctx: PolicyContext) -> Policy:
+    """The split planned at batch start is kept through the rollout (the paper's Heddle)."""
+    return _heddle(ctx, "heddle-no-reshape", reshape=False)
 
 
 def heddle_oracle(ctx: PolicyContext) -> Policy:

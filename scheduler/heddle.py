@@ -7,7 +7,9 @@ split read it. Before the first step it predicts every trajectory, chooses the T
 (resource manager) and the group sizes (DP). At each step it re-predicts the
 trajectory's remaining tokens; the trajectory's rank among the active ones, against the
 group sizes scaled to the active count, names its instance; if that is not where it ran,
-it moves there during its tool call (KV transfer).
+it moves there during its tool call (KV transfer). During rollout, idle narrow instances
+merge into wide ones when the DP says the tail gains more than the restart costs
+(`scheduler/reshape.py`); the plan is then re-solved over the instances that are up.
 """
 
 from __future__ import annotations
@@ -16,17 +18,23 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engines.costmodel import CostModel
 from heddle.types import Decision, TrajectorySpec
-from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, StepEvent
+from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, Reshape, StepEvent
 from scheduler.placement import least_loaded
-from scheduler.placement_dp import solve
+from scheduler.placement_dp import InstanceModel, solve
 from scheduler.predictor import RemainingPredictor
+from scheduler.reshape import GpuLayout, merges_that_pay
 from scheduler.resources import SplitPlanner
 
 # Below this many predicted remaining tokens a move does not pay for itself.
 MIN_MIGRATE_TOKENS = 512
 # A target holding this many more steps than its share is busy: skip the move.
 BUSY_SLACK = 8
+# Re-solve the group sizes on the active trajectories' forecast each time their number
+# falls by this fraction: as the batch drains, the widest instances go to the longest
+# few that are left (scaling the batch-start sizes would spread them over narrow ones).
+REPLAN_FRACTION = 0.1
 
 
 @dataclass
@@ -35,13 +43,21 @@ class HeddlePlanner:
     predictor: RemainingPredictor | None = None
     truth: dict[str, TrajectorySpec] = field(default_factory=dict)
     plan_tp: bool = True
+    reshape_during: bool = True
     remaining: dict[str, float] = field(default_factory=dict)
     _key: dict[str, float] = field(default_factory=dict)
+    _context: dict[str, float] = field(default_factory=dict)
     _active: list[tuple[float, str]] = field(default_factory=list)
     tps: tuple[int, ...] = ()
     sizes: tuple[int, ...] = ()
     planned_n: int = 0
     instance_ids: list[str] = field(default_factory=list)
+    layout: GpuLayout | None = None
+    starting: set[str] = field(default_factory=set)
+    _instances_made: int = 0  # instance ids are never reused
+    _replan_below: float = 0.0
+    _recheck_below: float = float("inf")
+    _shapes: tuple[dict[int, InstanceModel], dict[int, float]] | None = None
 
     # ---- forecast ----------------------------------------------------------------------
     def predict(self, event: StepEvent) -> float:
@@ -63,6 +79,8 @@ class HeddlePlanner:
                 self._active.pop(i)
         value = self.predict(event)
         self.remaining[tid] = value
+        # Its mean KV while the rest runs: the context now plus half the remainder.
+        self._context[tid] = event.context_tokens + value / 2
         key = value + event.generated_tokens
         self._key[tid] = key
         bisect.insort(self._active, (-key, tid))
@@ -73,6 +91,7 @@ class HeddlePlanner:
 
     def finished(self, tid: str, group_id: str, generated_tokens: int) -> None:
         self.remaining.pop(tid, None)
+        self._context.pop(tid, None)
         old = self._key.pop(tid, None)
         if old is not None:
             i = bisect.bisect_left(self._active, (-old, tid))
@@ -81,28 +100,43 @@ class HeddlePlanner:
         if self.predictor is not None:
             self.predictor.memory.sibling_finished(group_id, generated_tokens)
             self.predictor.forget(tid)
+        if self.layout is not None and self._active and len(self._active) < self._replan_below:
+            self._replan()
 
     # ---- plan --------------------------------------------------------------------------
     def on_batch_start(self, events: Sequence[StepEvent]) -> None:
         # A trajectory's KV while it runs averages its context now plus half the rest.
-        pairs = sorted(((self.update(e), e.context_tokens) for e in events), key=lambda p: -p[0])
-        lengths = [r for r, _ in pairs]
-        contexts = [c + r / 2 for r, c in pairs]
-        ctx = self.ctx
-        planner = SplitPlanner(
-            ctx.model, ctx.gpu, ctx.num_gpus, ctx.tp_choices, ctx.max_num_seqs,
-            ctx.gpu_memory_utilization,
-        )  # fmt: skip
+        for e in events:
+            self.update(e)
+        lengths, contexts = self._forecast()
+        planner = self._split_planner()
         if self.plan_tp:
             plan = planner.plan(lengths, contexts)
             self.tps, partition = plan.tps, plan.partition
         else:
-            self.tps = planner.homogeneous(ctx.default_tp)
+            self.tps = planner.homogeneous(self.ctx.default_tp)
             models = planner.models()
             partition = solve(lengths, contexts, [models[tp] for tp in self.tps])
         self.sizes = partition.sizes
         self.planned_n = max(1, len(lengths))
         self.instance_ids = [f"h{k}" for k in range(len(self.tps))]
+        self.layout = GpuLayout.pack(self.instance_ids, self.tps)
+        self._instances_made = len(self.tps)
+        self._replan_below = self.planned_n * (1 - REPLAN_FRACTION)
+
+    def _split_planner(self) -> SplitPlanner:
+        ctx = self.ctx
+        return SplitPlanner(
+            ctx.model, ctx.gpu, ctx.num_gpus, ctx.tp_choices, ctx.max_num_seqs,
+            ctx.gpu_memory_utilization,
+        )  # fmt: skip
+
+    def _forecast(self) -> tuple[list[float], list[float]]:
+        """The active trajectories' predicted remaining tokens, longest first, and their
+        mean KV while they run: the DP's input."""
+        pairs = sorted(((self.remaining[t], self._context[t]) for _, t in self._active),
+                       key=lambda p: -p[0])  # fmt: skip
+        return [r for r, _ in pairs], [c for _, c in pairs]
 
     def instances(self, num_gpus: int) -> list[InstanceSpec]:
         """The split (the `Split` interface): planned at batch start."""
@@ -111,7 +145,85 @@ class HeddlePlanner:
                 self.ctx.model, self.ctx.gpu, num_gpus, self.ctx.tp_choices
             ).homogeneous(self.ctx.default_tp)
             self.instance_ids = [f"h{k}" for k in range(len(self.tps))]
+            self.layout = GpuLayout.pack(self.instance_ids, self.tps)
+            self._instances_made = len(self.tps)
         return [InstanceSpec(iid, tp) for iid, tp in zip(self.instance_ids, self.tps, strict=True)]
+
+    # ---- reshaping during rollout (the `Reshaper` interface) ---------------------------
+    def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
+        """Merge idle buddy instances when the DP predicts the tail finishes sooner on the
+        merged split, restart included. Re-checked as the active count falls by 2%."""
+        if not self.reshape_during or self.layout is None or not self._active:
+            return []
+        active = len(self._active)
+        if active >= self._recheck_below:
+            return []
+        idle = [s.instance_id for s in instances if s.num_in_flight == 0 and s.num_sessions == 0]
+        if len(idle) < 2:
+            return []
+        models, restart_s = self._instance_shapes()
+        pairs = self.layout.idle_pairs(idle, models)
+        if not pairs:
+            return []
+        layout = self.layout
+        ready = [s.instance_id for s in instances]
+        current = ready + sorted(self.starting)
+        where = {iid: k for k, iid in enumerate(current)}
+        lengths, contexts = self._forecast()
+        kept = merges_that_pay(
+            lengths, contexts, [layout.tp[i] for i in current],
+            [(where[a], where[b]) for a, b, _ in pairs], models, restart_s,
+        )  # fmt: skip
+        if not kept:
+            self._recheck_below = active - max(1, active // 50)
+            return []
+        self._recheck_below = float("inf")
+        changes = []
+        for k in kept:
+            lower, upper, tp = pairs[k]
+            new_id = f"h{self._instances_made}"
+            self._instances_made += 1
+            layout.merge(lower, upper, new_id)
+            self.starting.add(new_id)
+            changes.append(
+                Reshape(
+                    (lower, upper), InstanceSpec(new_id, tp), restart_s[tp], "merge_idle_for_tail"
+                )
+            )
+        self._replan()
+        return changes
+
+    def on_instance_ready(self, spec: InstanceSpec) -> None:
+        self.starting.discard(spec.instance_id)
+        self._replan()
+
+    def _instance_shapes(self) -> tuple[dict[int, InstanceModel], dict[int, float]]:
+        """Per allowed degree: the DP's instance model and the restart cost."""
+        if self._shapes is None:
+            ctx = self.ctx
+            models = self._split_planner().models()
+            restart = {
+                tp: CostModel.for_names(
+                    ctx.model, ctx.gpu, tp, ctx.gpu_memory_utilization
+                ).reconfiguration_s()
+                for tp in models
+            }
+            self._shapes = (models, restart)
+        return self._shapes
+
+    def _replan(self) -> None:
+        """Re-solve the group sizes over the instances that are up, widest first."""
+        assert self.layout is not None
+        layout = self.layout
+        ids = sorted((i for i in layout.tp if i not in self.starting),
+                     key=lambda i: (-layout.tp[i], layout.first_gpu[i]))  # fmt: skip
+        models, _ = self._instance_shapes()
+        lengths, contexts = self._forecast()
+        self.instance_ids = ids
+        self.tps = tuple(layout.tp[i] for i in ids)
+        self.sizes = solve(lengths, contexts, [models[tp] for tp in self.tps]).sizes
+        self.planned_n = max(1, len(lengths))
+        self._replan_below = len(lengths) * (1 - REPLAN_FRACTION)
 
     def target(self, rank: int) -> tuple[str, float]:
         """The instance a rank maps to, with group sizes scaled to the active count,
@@ -174,6 +286,32 @@ class HeddlePlacement:
         if dst is not None and dst.num_in_flight > share + BUSY_SLACK:
             return Decision(prev, reason="target_busy")
         return Decision(target, reason="rank_moved", migrate=True)
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        """Beyond the paper: a decode that outlives its prediction climbs the ranking
+        (its predicted total is at least what it has made); when its rank names a wider
+        instance it moves there mid-step rather than wait for a tool call it may never
+        make (a final answer has none)."""
+        if not (self.use_dp and self.migrate):
+            return {}
+        planner = self.planner
+        by_id = {s.instance_id: s for s in instances}
+        moves = {}
+        for event in events:
+            tid = event.trajectory_id
+            if planner.update(event) < MIN_MIGRATE_TOKENS:
+                continue
+            target, share = planner.target(planner.rank(tid))
+            src = by_id.get(event.previous_instance or "")
+            dst = by_id.get(target)
+            if src is None or dst is None or dst.tp <= src.tp:
+                continue  # only widening pays for stopping a decode
+            if dst.num_in_flight > share + BUSY_SLACK:
+                continue
+            moves[tid] = Decision(target, reason="outgrew_instance", migrate=True)
+        return moves
 
     def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
         return None

@@ -80,6 +80,15 @@ class Placement(Protocol):
     ) -> None: ...
 
 
+class Reviewer(Protocol):
+    """A placement that re-examines steps in the middle of long decodes and may move one
+    to another instance (its KV transferred, generation resumed from the tokens made)."""
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]: ...
+
+
 class BatchAware(Protocol):
     """A placement that plans from the whole batch before its first step."""
 
@@ -88,6 +97,27 @@ class BatchAware(Protocol):
 
 class Split(Protocol):
     def instances(self, num_gpus: int) -> list[InstanceSpec]: ...
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """Retire idle instances and start one in their GPUs at another TP degree; the new
+    instance takes requests after `cost_s` (weight reload and engine restart)."""
+
+    retire: tuple[str, ...]
+    create: InstanceSpec
+    cost_s: float
+    reason: str = ""
+
+
+class Reshaper(Protocol):
+    """A split that changes during rollout. `reshape` may only retire instances that are
+    idle (nothing in flight, no unfinished trajectory's KV); the caller starts the new
+    instance and reports it ready."""
+
+    def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]: ...
+
+    def on_instance_ready(self, spec: InstanceSpec) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -142,3 +172,34 @@ class Policy:
         start = getattr(self.placement, "on_batch_start", None)
         if start is not None:
             start(events)
+
+    @property
+    def reviews(self) -> bool:
+        return hasattr(self.placement, "review")
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        """Moves of steps in progress (`events` carry the tokens made so far), by
+        trajectory id; none unless the placement is a `Reviewer`."""
+        review = getattr(self.placement, "review", None)
+        if review is None:
+            return {}
+        moves: dict[str, Decision] = review(events, instances, now)
+        by_id = {e.trajectory_id: e for e in events}
+        return {
+            tid: Decision(
+                d.instance_id, self.order.priority(by_id[tid], now), d.reason, migrate=True
+            )
+            for tid, d in moves.items()
+        }
+
+    def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
+        """Changes to the split during rollout; none unless the split is a `Reshaper`."""
+        reshape = getattr(self.split, "reshape", None)
+        return reshape(instances, now) if reshape is not None else []
+
+    def on_instance_ready(self, spec: InstanceSpec) -> None:
+        ready = getattr(self.split, "on_instance_ready", None)
+        if ready is not None:
+            ready(spec)

@@ -21,6 +21,7 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
     "heddle-no-placement": baselines.heddle_no_placement,
     "heddle-no-migrate": baselines.heddle_no_migrate,
     "heddle-fixed-tp": baselines.heddle_fixed_tp,
+    "heddle-no-reshape": baselines.heddle_no_reshape,
     "heddle-oracle": baselines.heddle_oracle,
 }
 

@@ -5,7 +5,12 @@ when its tool returns), a step submitted to an instance (later than the arrival 
 trajectory's KV migrates), and an instance finishing its current iteration. Plain decode
 stretches run as one `DecodeBlock` event; an arrival in the middle of a block
 materialises the iterations done so far and joins at the next iteration boundary, as a
-request joins vLLM's running batch.
+request joins vLLM's running batch. Every `REVIEW_EVERY_S` a policy that reviews running
+steps sees the long decodes in progress and may move one to another instance mid-step:
+its KV is transferred (decoding pauses for the transfer) and it resumes from the tokens
+already made, as a retried live step resumes from its heartbeat. A policy whose split
+reshapes during rollout retires idle instances and starts a new one in their GPUs, which
+takes requests once its restart (the cost model's reconfiguration time) is over.
 """
 
 from __future__ import annotations
@@ -27,7 +32,11 @@ from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, Policy, StepEvent
 from scheduler.libra import tool_state
 
-ARRIVE, SUBMIT, WAKE = 0, 1, 2
+ARRIVE, SUBMIT, WAKE, READY, REVIEW = 0, 1, 2, 3, 4
+# How often running decodes are shown to a reviewing policy (live: the engine's progress
+# heartbeat), and the fewest tokens a step must have made in this turn to be shown.
+REVIEW_EVERY_S = 5.0
+REVIEW_MIN_TOKENS = 2048
 
 
 @dataclass
@@ -45,6 +54,7 @@ class _Trajectory:
     queued_s: float = 0.0
     submitted_at: float = 0.0
     ready_at: float = 0.0  # when its tool returned (or 0): no step may start before
+    step_offset: int = 0  # tokens of the current step made on instances it moved away from
 
 
 @dataclass
@@ -98,19 +108,15 @@ class Simulator:
             raise ValueError("trajectory ids repeat in the trace")
         # A planning policy sees every first step before the split is read.
         policy.on_batch_start([self._event(t) for t in self.trajectories.values()])
-        self.instances: dict[str, _Instance] = {}
-        for ispec in policy.split.instances(num_gpus):
-            cost = CostModel.for_names(model, gpu, ispec.tp, gpu_memory_utilization)
-            if cost.kv_capacity_tokens <= 0:
-                raise ValueError(f"{model} does not fit on TP-{ispec.tp} {gpu} instances")
-            limits = EngineLimits(
-                kv_capacity_tokens=cost.kv_capacity_tokens,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                policy=policy.order.queue,
-            )
-            core = EngineCore(limits=limits, iteration_cost=cost.iteration_s)
-            self.instances[ispec.instance_id] = _Instance(ispec, core, cost)
+        self._engine_shape = (model, gpu, max_num_seqs, max_num_batched_tokens,
+                              gpu_memory_utilization)  # fmt: skip
+        self.instances: dict[str, _Instance] = {
+            ispec.instance_id: self._new_instance(ispec)
+            for ispec in policy.split.instances(num_gpus)
+        }
+        self.retired: list[_Instance] = []
+        self.reconfigurations = 0
+        self.reconfiguration_s = 0.0
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self.now = 0.0
@@ -121,6 +127,19 @@ class Simulator:
         self._state_list: list[InstanceState] | None = None
         self._state_pos: dict[str, int] = {}
 
+    def _new_instance(self, ispec: InstanceSpec) -> _Instance:
+        model, gpu, max_num_seqs, max_num_batched_tokens, memory_fraction = self._engine_shape
+        cost = CostModel.for_names(model, gpu, ispec.tp, memory_fraction)
+        if cost.kv_capacity_tokens <= 0:
+            raise ValueError(f"{model} does not fit on TP-{ispec.tp} {gpu} instances")
+        limits = EngineLimits(
+            kv_capacity_tokens=cost.kv_capacity_tokens,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            policy=self.policy.order.queue,
+        )
+        return _Instance(ispec, EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost)
+
     # ---- events ------------------------------------------------------------------------
     def _push(self, t: float, kind: int, ref: object) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, ref))
@@ -129,6 +148,9 @@ class Simulator:
         started = time.perf_counter()
         for tid in self.trajectories:
             self._push(0.0, ARRIVE, tid)
+        self._unfinished = len(self.trajectories)
+        if self.policy.reviews:
+            self._push(REVIEW_EVERY_S, REVIEW, None)
         while self._heap:
             t, _, kind, ref = heapq.heappop(self._heap)
             self.now = t
@@ -136,10 +158,14 @@ class Simulator:
                 self._arrive(ref)  # type: ignore[arg-type]
             elif kind == SUBMIT:
                 self._submit(*ref)  # type: ignore[misc]
+            elif kind == READY:
+                self._ready(ref)  # type: ignore[arg-type]
+            elif kind == REVIEW:
+                self._review()
             else:
                 iid, version = ref  # type: ignore[misc]
-                inst = self.instances[iid]
-                if version == inst.version:
+                inst = self.instances.get(iid)
+                if inst is not None and version == inst.version:
                     self._wake(inst)
         unfinished = [t.spec.trajectory_id for t in self.trajectories.values() if t.finished_at < 0]
         if unfinished:
@@ -166,14 +192,15 @@ class Simulator:
         for inst in instances:
             self._state_list[self._state_pos[inst.spec.instance_id]] = self._state(inst)
 
-    def _event(self, traj: _Trajectory) -> StepEvent:
+    def _event(self, traj: _Trajectory, made: int = 0) -> StepEvent:
+        """What the policy sees of a trajectory; `made`: tokens of a step in progress."""
         step = traj.spec.steps[traj.step_index - 1] if traj.step_index else None
         return StepEvent(
             trajectory_id=traj.spec.trajectory_id,
             group_id=traj.spec.group_id,
             step_index=traj.step_index,
-            context_tokens=traj.context_tokens,
-            generated_tokens=traj.generated,
+            context_tokens=traj.context_tokens + made,
+            generated_tokens=traj.generated + made,
             previous_instance=traj.last_instance,
             prompt_tokens=traj.spec.prompt_tokens,
             num_tool_calls=traj.tool_calls,
@@ -191,6 +218,10 @@ class Simulator:
             raise ValueError(
                 f"policy {self.policy.name} chose unknown instance {decision.instance_id}"
             )
+        # Counted from the decision on: a step in transit keeps its target from looking idle.
+        target = self.instances[decision.instance_id]
+        target.in_flight += 1
+        self._refresh(target)
         prev = traj.last_instance
         if decision.migrate and prev is not None and prev != decision.instance_id:
             tokens = self.instances[prev].core.drop_prefix(tid)
@@ -206,11 +237,12 @@ class Simulator:
     def _submit(self, tid: str, decision: Decision, migrated_tokens: int) -> None:
         traj = self.trajectories[tid]
         inst = self.instances[decision.instance_id]
+        left: _Instance | None = None
         if traj.last_instance != decision.instance_id:
             if traj.last_instance is not None:
-                old = self.instances[traj.last_instance]
-                old.sessions -= 1
-                self._refresh(old)
+                left = self.instances[traj.last_instance]
+                left.sessions -= 1
+                self._refresh(left)
             inst.sessions += 1
         traj.last_instance = decision.instance_id
         self._materialise(inst)
@@ -221,16 +253,18 @@ class Simulator:
             EngineRequest(
                 request_id=f"{tid}#{traj.step_index}",
                 prefix_key=tid,
-                context_tokens=traj.context_tokens,
-                max_new_tokens=step.output_tokens,
+                context_tokens=traj.context_tokens + traj.step_offset,
+                max_new_tokens=step.output_tokens - traj.step_offset,
                 priority=decision.priority,
             )
         )
-        inst.in_flight += 1
         self._refresh(inst)
-        traj.submitted_at = self.now
+        if not traj.step_offset:  # a step moved mid-decode keeps its first submission
+            traj.submitted_at = self.now
         if not inst.running:
             self._start(inst)
+        if left is not None and left.sessions == 0:
+            self._reshape()
 
     def _materialise(self, inst: _Instance) -> None:
         """Cut a running decode block at the iteration boundary after `now`."""
@@ -301,6 +335,7 @@ class Simulator:
                 (tid, int(index), traj.ready_at, traj.submitted_at, first, self.now,
                  inst.spec.instance_id)
             )  # fmt: skip
+        traj.step_offset = 0
         traj.generated += step.output_tokens
         traj.context_tokens += step.output_tokens
         traj.recent.append(step.output_tokens)
@@ -310,11 +345,13 @@ class Simulator:
         traj.step_index += 1
         if step.tool is None:
             traj.finished_at = self.now
+            self._unfinished -= 1
             inst.sessions -= 1
             self._refresh(inst)
             self.policy.on_trajectory_done(
                 tid, traj.spec.group_id, traj.generated, len(traj.spec.steps)
             )
+            self._reshape()
             return
         traj.tool_calls += 1
         traj.context_tokens += step.tool_output_tokens
@@ -323,6 +360,93 @@ class Simulator:
         traj.ready_at = self.now + step.tool_latency_s
         self._push(traj.ready_at, ARRIVE, tid)
 
+    # ---- moves of running steps ----------------------------------------------------------
+    def _review(self) -> None:
+        shown: dict[str, tuple[_Instance, EngineRequest]] = {}
+        events = []
+        for inst in self.instances.values():
+            # Tokens made inside a decode block so far (the block is not cut to look).
+            in_block = 0
+            if inst.block is not None:
+                in_block = max(0, inst.block.iterations_done_by(self.now - inst.block_start) - 1)
+            for request in inst.core.running:
+                if request.is_prefilling:
+                    continue
+                tid = request.prefix_key
+                traj = self.trajectories[tid]
+                made = traj.step_offset + request.num_output_tokens + in_block
+                if made >= REVIEW_MIN_TOKENS:
+                    shown[tid] = (inst, request)
+                    events.append(self._event(traj, made))
+        if events:
+            moves = self.policy.review(events, self._states(), self.now)
+            for tid, decision in moves.items():
+                if tid not in shown or decision.instance_id not in self.instances:
+                    raise ValueError(f"policy {self.policy.name} moves {tid} to an unknown place")
+                self._move_running(tid, *shown[tid], decision)
+        if self._unfinished:
+            self._push(self.now + REVIEW_EVERY_S, REVIEW, None)
+
+    def _move_running(
+        self, tid: str, inst: _Instance, request: EngineRequest, decision: Decision
+    ) -> None:
+        """Stop a step mid-decode and resume it on another instance after its KV moves."""
+        if decision.instance_id == inst.spec.instance_id:
+            return
+        self._materialise(inst)
+        if request.is_finished or request not in inst.core.running:
+            if not inst.running:
+                self._start(inst)
+            return  # it finished (or was preempted) at the boundary: nothing to move
+        traj = self.trajectories[tid]
+        traj.step_offset += request.num_output_tokens
+        inst.core.abort(request.request_id)
+        tokens = inst.core.drop_prefix(tid)
+        inst.in_flight -= 1
+        self._refresh(inst)
+        if not inst.running:
+            self._start(inst)
+        target = self.instances[decision.instance_id]
+        target.in_flight += 1
+        self._refresh(target)
+        cost = inst.cost.migration_s(tokens)
+        self.migrations += 1
+        self.migration_s += cost
+        self._push(self.now + cost, SUBMIT, (tid, decision, tokens))
+
+    # ---- reshaping -----------------------------------------------------------------------
+    def _reshape(self) -> None:
+        changes = self.policy.reshape(self._states(), self.now)
+        for change in changes:
+            retired = []
+            for iid in change.retire:
+                inst = self.instances.get(iid)
+                if inst is None or inst.in_flight or inst.sessions:
+                    raise ValueError(
+                        f"policy {self.policy.name} retires {iid}, which is not an idle instance"
+                    )
+                retired.append(self.instances.pop(iid))
+            if sum(i.spec.tp for i in retired) != change.create.tp:
+                raise ValueError(
+                    f"policy {self.policy.name} makes TP-{change.create.tp} from "
+                    f"{[i.spec.tp for i in retired]} GPUs"
+                )
+            self.retired += retired
+            self.reconfigurations += 1
+            self.reconfiguration_s += change.cost_s
+            self._push(self.now + change.cost_s, READY, change.create)
+        if changes:
+            self._state_list = None
+
+    def _ready(self, spec: InstanceSpec) -> None:
+        if spec.instance_id in self.instances or any(
+            i.spec.instance_id == spec.instance_id for i in self.retired
+        ):
+            raise ValueError(f"policy {self.policy.name} reuses instance id {spec.instance_id}")
+        self.instances[spec.instance_id] = self._new_instance(spec)
+        self._state_list = None
+        self.policy.on_instance_ready(spec)
+
     # ---- results -----------------------------------------------------------------------
     def _result(self, wall_s: float) -> SimResult:
         trajs = list(self.trajectories.values())
@@ -330,7 +454,8 @@ class Simulator:
         makespan = finish[-1] if finish else 0.0
         longest = sorted(trajs, key=lambda t: t.spec.generated_tokens, reverse=True)
         tail = longest[: max(1, len(longest) // 10)]
-        busy_gpu_s = sum(i.busy_s * i.spec.tp for i in self.instances.values())
+        everyone = {i.spec.instance_id: i for i in self.retired} | self.instances
+        busy_gpu_s = sum(i.busy_s * i.spec.tp for i in everyone.values())
         return SimResult(
             policy=self.policy.name,
             makespan_s=makespan,
@@ -342,8 +467,8 @@ class Simulator:
             },
             migrations=self.migrations,
             migration_s=self.migration_s,
-            reconfigurations=0,
-            reconfiguration_s=0.0,
+            reconfigurations=self.reconfigurations,
+            reconfiguration_s=self.reconfiguration_s,
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
             tail_queueing_s=sum(t.queued_s for t in tail) / len(tail),
             instances=[
@@ -355,12 +480,10 @@ class Simulator:
                     "kv_capacity_tokens": i.core.limits.kv_capacity_tokens,
                     "peak_kv_tokens": i.peak_kv_tokens,
                 }
-                for iid, i in self.instances.items()
+                for iid, i in everyone.items()
             ],
             completion_times=[t.finished_at for t in trajs],
-            busy_intervals=[
-                (iid, a, b) for iid, i in self.instances.items() for a, b in i.intervals
-            ],
+            busy_intervals=[(iid, a, b) for iid, i in everyone.items() for a, b in i.intervals],
             token_events=self.token_events,
             wall_s=wall_s,
         )

@@ -1,0 +1,208 @@
+"""Changes during rollout: instances merged for the tail, and decodes moved mid-step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from heddle.sim.simulator import Simulator
+from heddle.types import Decision, StepSpec, TrajectorySpec
+from scheduler.heddle import HeddlePlacement, HeddlePlanner
+from scheduler.interface import (
+    InstanceSpec,
+    InstanceState,
+    Policy,
+    PolicyContext,
+    Reshape,
+    StepEvent,
+)
+from scheduler.order import FirstComeFirstServed
+from scheduler.placement import LeastLoaded, least_loaded
+from scheduler.reshape import GpuLayout, merges_that_pay
+from scheduler.resources import SplitPlanner
+
+CLUSTER = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 4}
+
+
+def _spec(tid: str, *outputs: int, tool_s: float = 0.5) -> TrajectorySpec:
+    steps = [StepSpec(n, "python", tool_s, "ok", 20) for n in outputs[:-1]]
+    return TrajectorySpec(tid, "g", 100, (*steps, StepSpec(outputs[-1])))
+
+
+def test_layout_pairs_only_aligned_idle_buddies() -> None:
+    layout = GpuLayout.pack(["a", "b", "c", "d", "e"], [4, 1, 1, 1, 1])
+    assert layout.first_gpu == {"a": 0, "b": 4, "c": 5, "d": 6, "e": 7}
+    # c and d are both idle but not buddies (5 is not a multiple of 2).
+    assert layout.idle_pairs({"c", "d"}, {1, 2, 4, 8}) == []
+    assert layout.idle_pairs({"b", "c", "d", "e"}, {1, 2, 4, 8}) == [
+        ("b", "c", 2),
+        ("d", "e", 2),
+    ]
+    assert layout.idle_pairs({"b", "c"}, {1, 4}) == []  # TP-2 not allowed
+    layout.merge("b", "c", "f")
+    layout.merge("d", "e", "g")
+    assert layout.idle_pairs({"f", "g"}, {1, 2, 4, 8}) == [("f", "g", 4)]
+    assert layout.idle_pairs({"a", "f"}, {1, 2, 4, 8}) == []  # different widths
+
+
+def test_a_merge_pays_for_a_long_tail_and_not_for_a_short_one() -> None:
+    planner = SplitPlanner("qwen3-8b", "h100", 8, (1, 2, 4, 8))
+    models = planner.models()
+    restart = {tp: 25.0 for tp in models}
+    narrow = [1] * 8
+    pairs = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    # One 30K-token tail on TP-1: a TP-2 halves most of its per-token time.
+    assert merges_that_pay([30_000.0], [15_000.0], narrow, pairs, models, restart) == [0]
+    # A 500-token remainder finishes before any restart would.
+    assert merges_that_pay([500.0], [300.0], narrow, pairs, models, restart) == []
+
+
+@dataclass
+class _MergeWhenIdle:
+    """Test split: two TP-1 instances and a TP-2; merges the TP-1 pair once both idle."""
+
+    done: bool = False
+    ready: list[str] | None = None
+    busy_retire: bool = False
+
+    def instances(self, num_gpus: int) -> list[InstanceSpec]:
+        return [InstanceSpec("a", 1), InstanceSpec("b", 1), InstanceSpec("c", 2)]
+
+    def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
+        by_id = {s.instance_id: s for s in instances}
+        if self.done or "a" not in by_id:
+            return []
+        idle = all(by_id[i].num_in_flight == 0 and by_id[i].num_sessions == 0 for i in "ab")
+        if idle or self.busy_retire:
+            self.done = True
+            return [Reshape(("a", "b"), InstanceSpec("m", 2), 10.0, "test")]
+        return []
+
+    def on_instance_ready(self, spec: InstanceSpec) -> None:
+        self.ready = [*(self.ready or []), spec.instance_id]
+
+
+class _PreferNew(LeastLoaded):
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        if any(s.instance_id == "m" for s in instances):
+            return Decision("m", reason="new")
+        if event.trajectory_id == "long":
+            return Decision("c", reason="long")
+        narrow = [s for s in instances if s.instance_id in ("a", "b")]
+        return Decision(least_loaded(narrow).instance_id, reason="least_loaded")
+
+
+def test_the_simulator_retires_idle_instances_and_starts_the_merged_one() -> None:
+    trace = [_spec("long", 50, 50, 50, 50, 50, 50, tool_s=5.0)]
+    trace += [_spec(f"s{i}", 20) for i in range(6)]
+    split = _MergeWhenIdle()
+    policy = Policy("merge", FirstComeFirstServed(), _PreferNew(), split)
+    sim = Simulator(trace=trace, policy=policy, record_steps=True, **CLUSTER)
+    result = sim.run()
+    assert result.reconfigurations == 1
+    assert result.reconfiguration_s == 10.0
+    assert split.ready == ["m"]
+    assert result.generated_tokens == sum(s.generated_tokens for s in trace)
+    assert sim.step_log is not None
+    used = {row[6] for row in sim.step_log}
+    assert "m" in used  # the merged instance took steps once its restart was over
+    first_on_m = min(row[4] for row in sim.step_log if row[6] == "m")
+    retired_at = max(row[5] for row in sim.step_log if row[6] in ("a", "b"))
+    assert first_on_m >= retired_at + 10.0 - 1e-9
+    assert {i["instance_id"] for i in result.instances} == {"a", "b", "c", "m"}
+
+
+def test_the_simulator_refuses_to_retire_a_busy_instance() -> None:
+    trace = [_spec(f"s{i}", 2000) for i in range(4)]
+    policy = Policy("bad", FirstComeFirstServed(), LeastLoaded(), _MergeWhenIdle(busy_retire=True))
+    with pytest.raises(ValueError, match="not an idle instance"):
+        Simulator(trace=trace, policy=policy, **CLUSTER).run()
+
+
+class _MoveLongDecodes(LeastLoaded):
+    """Test reviewer: any step shown to it moves to the TP-2 instance."""
+
+    def __init__(self) -> None:
+        self.shown: list[StepEvent] = []
+
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        return Decision("a" if event.trajectory_id == "long" else "b", reason="fixed")
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        self.shown += events
+        return {e.trajectory_id: Decision("c", reason="wider") for e in events
+                if e.previous_instance == "a"}  # fmt: skip
+
+
+class _Fixed:
+    def instances(self, num_gpus: int) -> list[InstanceSpec]:
+        return [InstanceSpec("a", 1), InstanceSpec("b", 1), InstanceSpec("c", 2)]
+
+
+def test_a_long_decode_moves_mid_step_and_resumes_from_its_tokens() -> None:
+    trace = [_spec("long", 20_000), _spec("short", 100)]
+    fixed = Policy("fixed", FirstComeFirstServed(), LeastLoaded(), _Fixed())
+    reviewer = _MoveLongDecodes()
+    moving = Policy("moving", FirstComeFirstServed(), reviewer, _Fixed())
+    stay = Simulator(trace=trace, policy=Policy("stay", FirstComeFirstServed(),
+                     _NoReview(), _Fixed()), record_steps=True, **CLUSTER).run()  # fmt: skip
+    sim = Simulator(trace=trace, policy=moving, record_steps=True, **CLUSTER)
+    moved = sim.run()
+    assert fixed.reviews is False
+    assert moving.reviews is True
+    # Shown once it had made 2,048 tokens of the step, with those tokens counted.
+    assert reviewer.shown
+    assert reviewer.shown[0].generated_tokens >= 2048
+    assert moved.migrations == 1
+    assert moved.migration_s > 0
+    # Every token made once: the resumed request generated only what was left.
+    assert moved.generated_tokens == stay.generated_tokens == 20_100
+    assert sim.step_log is not None
+    assert [row[6] for row in sim.step_log if row[0] == "long"] == ["c"]
+    # TP-2 decodes faster than TP-1 for most of the step.
+    assert moved.makespan_s < stay.makespan_s
+
+
+class _NoReview(LeastLoaded):
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        return Decision("a" if event.trajectory_id == "long" else "b", reason="fixed")
+
+
+def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
+    return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
+                     prompt_tokens=100)  # fmt: skip
+
+
+def test_heddle_merges_idle_narrow_instances_when_the_tail_gains() -> None:
+    truth = [_spec("long", 10, 40_000), *(_spec(f"s{i}", 10, 200) for i in range(60))]
+    ctx = PolicyContext(num_gpus=8, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    ids = [s.instance_id for s in planner.instances(8)]
+    assert planner.tps == (1,) * 8
+    # The short ones finish; the long one waits for its tool on the first instance.
+    for s in truth[1:]:
+        planner.finished(s.trajectory_id, "g", 210)
+    states = [InstanceState(i, 0, 1 if i == ids[0] else 0, 1) for i in ids]
+    changes = planner.reshape(states, 30.0)
+    assert changes, "seven idle TP-1 instances and a 40K-token tail: merging pays"
+    retired = [i for c in changes for i in c.retire]
+    assert ids[0] not in retired
+    assert len(retired) == len(set(retired))
+    assert all(c.create.tp == 2 and c.cost_s > 0 for c in changes)
+    # Until the new instances are up, the plan only names instances that exist.
+    assert set(planner.instance_ids) == set(ids) - set(retired)
+    for c in changes:
+        planner.on_instance_ready(c.create)
+    assert set(planner.instance_ids) >= {c.create.instance_id for c in changes}
+    # The long trajectory's rank now names a wider instance: it moves at its tool call.
+    up = [InstanceState(i, 0, 0, tp) for i, tp in zip(planner.instance_ids, planner.tps,
+                                                     strict=True)]  # fmt: skip
+    decision = placement.place(_event("long", 1, 10, ids[0]), up, 31.0)
+    assert decision.migrate
+    assert decision.instance_id != ids[0]
