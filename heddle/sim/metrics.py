@@ -80,9 +80,13 @@ def lower_bound(
     max_num_seqs: int,
     gpu_memory_utilization: float = 0.9,
 ) -> dict[str, float]:
-    """The larger of (a) the longest trajectory run alone at the best TP and (b) all
+    """The largest of (a) the longest trajectory run alone at the best TP, (b) all
     generated tokens over the cluster's peak decode throughput (optimistic: at the
-    smallest prompt as context, so the bound stays a bound)."""
+    smallest prompt as context, so the bound stays a bound), and (c) the memory reads
+    no schedule avoids, spread over every GPU: each decode token reads its whole
+    context's KV, and each iteration (at most `max_num_seqs` tokens) the weights. An
+    iteration takes at least its memory time on any TP degree (a TP-t instance has t
+    times the bandwidth and t GPUs), so (c) holds for every split."""
     costs = [
         CostModel.for_names(model, gpu, tp, gpu_memory_utilization)
         for tp in tp_choices
@@ -97,4 +101,27 @@ def lower_bound(
         (num_gpus // c.tp) * max_num_seqs / c.decode_token_s(max_num_seqs, context) for c in costs
     )
     work = tokens / peak
-    return {"lower_bound_s": max(longest, work), "longest_alone_s": longest, "work_s": work}
+    # GPU-seconds per weight read and per KV token read, at one GPU's bandwidth.
+    terms = CostModel.for_names(model, gpu, 1, gpu_memory_utilization).terms
+    attended = sum(_attended_tokens(s) for s in specs)
+    reads = (
+        tokens / max_num_seqs * terms.mem_base_s + attended * terms.mem_per_kv_token_s
+    ) / num_gpus
+    return {
+        "lower_bound_s": max(longest, work, reads),
+        "longest_alone_s": longest,
+        "work_s": work,
+        "memory_reads_s": reads,
+    }
+
+
+def _attended_tokens(spec: TrajectorySpec) -> int:
+    """KV tokens the trajectory's decode tokens read in all: the j-th token of a turn
+    that starts at context c reads c + j."""
+    total = 0
+    context = spec.prompt_tokens
+    for step in spec.steps:
+        n = step.output_tokens
+        total += n * context + n * (n - 1) // 2
+        context += n + step.tool_output_tokens
+    return total
