@@ -43,17 +43,7 @@ def run_bench(
     history: Sequence[TrajectorySpec] = (),
 ) -> BenchResult:
     """Simulate each policy on the trace; unknown names fail before any run."""
-    ctx = PolicyContext(
-        default_tp=cluster.default_tp,
-        tp_choices=cluster.tp_choices,
-        max_num_seqs=cluster.max_num_seqs,
-        history=tuple(history),
-        model=cluster.model,
-        gpu=cluster.gpu,
-        num_gpus=cluster.num_gpus,
-        gpu_memory_utilization=cluster.gpu_memory_utilization,
-        truth=tuple(trace),
-    )
+    ctx = PolicyContext.for_cluster(cluster, history, trace)
     built = [create_policy(name, ctx) for name in policies]  # validates every name first
     bench = BenchResult(
         lower_bound(

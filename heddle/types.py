@@ -81,16 +81,30 @@ class Decision:
     # Move the trajectory's KV from its previous instance (during its tool call) rather
     # than recompute its context on the new one.
     migrate: bool = False
+    # Temporal task-queue priority of the step's activity, 1 (first) to 5; 0 leaves the
+    # server's default. The engine orders its own queue by `priority`.
+    priority_key: int = 0
 
 
 @dataclass
 class DecideRequest:
+    """Everything the trajectory has seen, so a policy decides live as in the simulator
+    (the fields of `scheduler.interface.StepEvent`)."""
+
     trajectory_id: str
     group_id: str
     step_index: int
     context_tokens: int
     generated_tokens: int
     policy: str = "least_loaded"
+    prompt_tokens: int = 0
+    num_tool_calls: int = 0
+    last_tool: str | None = None
+    last_tool_status: str | None = None
+    last_tool_output_tokens: int = 0
+    # "tool:size-bin:status" per call so far, and the last few turns' output lengths.
+    tool_path: list[str] = field(default_factory=list)
+    recent_output_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass

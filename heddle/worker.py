@@ -24,6 +24,7 @@ from heddle.config import ClusterConfig
 from heddle.queues import engine_queue, tools_queue, trajectories_queue
 from heddle.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
+from scheduler.interface import PolicyContext
 from scheduler.service import SchedulerService
 from workflows.batch import RolloutBatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -67,7 +68,11 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         time_scale=opts.time_scale,
     )
     await pool.start()
-    service = SchedulerService(instance_ids=pool.instance_ids)
+    service = SchedulerService(
+        instance_ids=pool.instance_ids,
+        context=PolicyContext.for_cluster(cluster),
+        tps=dict.fromkeys(pool.instance_ids, cluster.default_tp),
+    )
     store_acts = StoreActivities(
         store=store, time_scale=opts.time_scale, instance_ids=pool.instance_ids
     )

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from heddle.types import Decision, TrajectorySpec
+
+if TYPE_CHECKING:
+    from heddle.config import ClusterConfig
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,25 @@ class PolicyContext:
     gpu_memory_utilization: float = 0.9
     # The batch itself, for the oracle ablation only (true lengths: the predictor's headroom).
     truth: tuple[TrajectorySpec, ...] = ()
+
+    @classmethod
+    def for_cluster(
+        cls,
+        cluster: ClusterConfig,
+        history: Sequence[TrajectorySpec] = (),
+        truth: Sequence[TrajectorySpec] = (),
+    ) -> PolicyContext:
+        return cls(
+            default_tp=cluster.default_tp,
+            tp_choices=cluster.tp_choices,
+            max_num_seqs=cluster.max_num_seqs,
+            history=tuple(history),
+            model=cluster.model,
+            gpu=cluster.gpu,
+            num_gpus=cluster.num_gpus,
+            gpu_memory_utilization=cluster.gpu_memory_utilization,
+            truth=tuple(truth),
+        )
 
 
 @dataclass

@@ -3,50 +3,107 @@
 It keeps how many decided steps each instance has in flight and where each trajectory
 last ran, asks the policy, and forgets everything on restart without harm: a lost count
 only skews a few decisions.
+
+Besides the engine's own request priority, a decision carries a Temporal task-queue
+priority (`priority_key`, 1 first to 5 last): the step's place among the last
+`PRIORITY_WINDOW` decisions' priorities, in `PRIORITY_BUCKETS` equal-count buckets, so a
+backlogged engine queue hands out the most urgent steps first whatever the policy's scale.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
+import bisect
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from heddle.types import DecideRequest, Decision, StepReport, TrajectoryDone
 from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
 from scheduler.registry import create_policy
 
+PRIORITY_BUCKETS = 5
+PRIORITY_WINDOW = 1024
+
+
+def step_event(request: DecideRequest, previous_instance: str | None) -> StepEvent:
+    """The policy core's view of a live decide request (the simulator builds the same)."""
+    return StepEvent(
+        trajectory_id=request.trajectory_id,
+        group_id=request.group_id,
+        step_index=request.step_index,
+        context_tokens=request.context_tokens,
+        generated_tokens=request.generated_tokens,
+        previous_instance=previous_instance,
+        prompt_tokens=request.prompt_tokens,
+        num_tool_calls=request.num_tool_calls,
+        last_tool=request.last_tool,
+        last_tool_status=request.last_tool_status,
+        last_tool_output_tokens=request.last_tool_output_tokens,
+        tool_path=tuple(request.tool_path),
+        recent_output_tokens=tuple(request.recent_output_tokens),
+    )
+
+
+class PriorityBuckets:
+    """Equal-count buckets over a sliding window of recent priorities (lower first)."""
+
+    def __init__(self, buckets: int = PRIORITY_BUCKETS, window: int = PRIORITY_WINDOW) -> None:
+        self.buckets = buckets
+        self._recent: deque[int] = deque(maxlen=window)
+        self._sorted: list[int] = []
+
+    def key(self, priority: int) -> int:
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._recent.append(priority)
+        bisect.insort(self._sorted, priority)
+        if len(self._sorted) == 1 or self._sorted[0] == self._sorted[-1]:
+            return (self.buckets + 1) // 2  # nothing to rank against: the middle
+        below = bisect.bisect_left(self._sorted, priority)
+        return 1 + min(self.buckets - 1, below * self.buckets // len(self._sorted))
+
 
 class SchedulerService:
     def __init__(
-        self, *, instance_ids: Sequence[str], context: PolicyContext | None = None
+        self,
+        *,
+        instance_ids: Sequence[str],
+        context: PolicyContext | None = None,
+        tps: Mapping[str, int] | None = None,
     ) -> None:
         if not instance_ids:
             raise ValueError("the scheduler needs at least one engine instance")
         self.instance_ids = list(instance_ids)
         self.context = context or PolicyContext()
+        self.tps = dict(tps or {})
         self.in_flight: dict[str, int] = dict.fromkeys(self.instance_ids, 0)
         self._last_instance: dict[str, str] = {}
         self._policies: dict[str, Policy] = {}
+        self._buckets: dict[str, PriorityBuckets] = {}
 
     def _policy(self, name: str) -> Policy:
         if name not in self._policies:
             self._policies[name] = create_policy(name, self.context)
+            self._buckets[name] = PriorityBuckets()
         return self._policies[name]
 
     def decide(self, request: DecideRequest, now: float) -> Decision:
-        event = StepEvent(
-            trajectory_id=request.trajectory_id,
-            group_id=request.group_id,
-            step_index=request.step_index,
-            context_tokens=request.context_tokens,
-            generated_tokens=request.generated_tokens,
-            previous_instance=self._last_instance.get(request.trajectory_id),
-        )
+        event = step_event(request, self._last_instance.get(request.trajectory_id))
         sessions = Counter(self._last_instance.values())
         states = [
-            InstanceState(i, num_in_flight=self.in_flight[i], num_sessions=sessions[i])
+            InstanceState(
+                i,
+                num_in_flight=self.in_flight[i],
+                num_sessions=sessions[i],
+                tp=self.tps.get(i, self.context.default_tp),
+            )
             for i in self.instance_ids
         ]
         decision = self._policy(request.policy).decide(event, states, now)
+        decision = replace(
+            decision, priority_key=self._buckets[request.policy].key(decision.priority)
+        )
         self.in_flight[decision.instance_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
         return decision

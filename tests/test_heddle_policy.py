@@ -120,3 +120,34 @@ def test_planner_never_chooses_an_instance_too_small_for_a_trajectory() -> None:
     plan = planner.plan([30_000.0, 20_000.0, 500.0], [16_000.0, 11_000.0, 800.0])
     assert 1 not in plan.tps
     assert sum(plan.tps) == 16
+
+
+def test_a_live_decide_request_carries_everything_the_simulator_shows_a_policy() -> None:
+    from dataclasses import fields
+
+    from heddle.types import DecideRequest
+    from scheduler.service import step_event
+
+    request_fields = {f.name for f in fields(DecideRequest)}
+    assert {f.name for f in fields(StepEvent)} - request_fields == {"previous_instance"}
+    request = DecideRequest("t", "g", 2, 900, 700, "libra", 100, 2, "python", "error", 40,
+                            ["python:s:ok", "python:m:error"], [300, 400])  # fmt: skip
+    event = step_event(request, "i3")
+    assert event.tool_path == ("python:s:ok", "python:m:error")
+    assert event.recent_output_tokens == (300, 400)
+    assert (event.last_tool, event.last_tool_status, event.previous_instance) == (
+        "python", "error", "i3")  # fmt: skip
+
+
+def test_priority_buckets_put_urgent_steps_first() -> None:
+    from scheduler.service import PriorityBuckets
+
+    buckets = PriorityBuckets(buckets=5, window=100)
+    assert buckets.key(0) == 3  # nothing to compare with yet
+    for p in range(100):
+        buckets.key(p)
+    assert buckets.key(-1) == 1
+    assert buckets.key(10_000) == 5
+    assert buckets.key(50) in (3, 4)
+    same = PriorityBuckets()
+    assert {same.key(7) for _ in range(10)} == {3}

@@ -10,6 +10,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+from heddle import activity_names as names
 from heddle.trace import TraceRecord
 from heddle.types import (
     RolloutOptions,
@@ -59,3 +60,19 @@ def test_recorded_histories_replay_and_a_changed_workflow_does_not(
     # The check can fail: see ChangedTrajectoryWorkflow.
     with pytest.raises(Exception, match=r"[Nn]ondetermin"):
         asyncio.run(replay([ChangedTrajectoryWorkflow], trajectories))
+
+
+def test_llm_steps_carry_a_task_queue_priority(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    histories = asyncio.run(_recorded_histories(temporal_address, store_url, queue_prefix))
+    keys = [
+        event.activity_task_scheduled_event_attributes.priority.priority_key
+        for history in histories
+        if "/" in history.workflow_id
+        for event in history.events
+        if event.HasField("activity_task_scheduled_event_attributes")
+        and event.activity_task_scheduled_event_attributes.activity_type.name == names.GENERATE
+    ]
+    assert len(keys) == 3 + 3 + 1  # one per LLM step of the three trajectories
+    assert all(1 <= k <= 5 for k in keys)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -24,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryStarted,
         TrajectorySummary,
     )
+    from scheduler.libra import tool_state
     from workflows import policy
 
 
@@ -52,6 +54,10 @@ class TrajectoryWorkflow:
         tool_calls = 0
         finish_reason = "answer"
         last_tool_status: str | None = None
+        last_tool: str | None = None
+        last_tool_output_tokens = 0
+        tool_path: list[str] = []
+        recent_outputs: list[int] = []
         error = ""
         try:
             for index, step in enumerate(spec.steps):
@@ -69,6 +75,13 @@ class TrajectoryWorkflow:
                         context_tokens=context,
                         generated_tokens=self._generated,
                         policy=opts.policy,
+                        prompt_tokens=spec.prompt_tokens,
+                        num_tool_calls=tool_calls,
+                        last_tool=last_tool,
+                        last_tool_status=last_tool_status,
+                        last_tool_output_tokens=last_tool_output_tokens,
+                        tool_path=tool_path,
+                        recent_output_tokens=recent_outputs[-4:],
                     ),
                     result_type=Decision,
                     start_to_close_timeout=policy.DECIDE_TIMEOUT,
@@ -93,6 +106,7 @@ class TrajectoryWorkflow:
                             priority=decision.priority,
                         ),
                         task_queue=engine_queue(decision.instance_id, opts.queue_prefix),
+                        priority=Priority(priority_key=decision.priority_key or None),
                         start_to_close_timeout=policy.GENERATE_TIMEOUT,
                         heartbeat_timeout=policy.GENERATE_HEARTBEAT,
                         retry_policy=policy.retry(opts.max_attempts),
@@ -106,6 +120,7 @@ class TrajectoryWorkflow:
                     )
                 self._generated += generated.output_tokens
                 context += generated.output_tokens
+                recent_outputs = [*recent_outputs[-3:], generated.output_tokens]
                 record = StepRecord(
                     batch_id=inp.batch_id,
                     trajectory_id=spec.trajectory_id,
@@ -145,7 +160,9 @@ class TrajectoryWorkflow:
                         result_type=ToolResult,
                     )
                     tool_calls += 1
-                    last_tool_status = tool.status
+                    last_tool, last_tool_status = step.tool, tool.status
+                    last_tool_output_tokens = tool.output_tokens
+                    tool_path = [*tool_path, tool_state(step.tool, tool.output_tokens, tool.status)]
                     context += tool.output_tokens
                     record.tool = step.tool
                     record.tool_status = tool.status
