@@ -7,6 +7,7 @@ keeps serving workflow tasks.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,11 +27,15 @@ from heddle.types import (
 
 class StoreActivities:
     def __init__(
-        self, *, store: TrajectoryStore, time_scale: float, instance_ids: list[str]
+        self,
+        *,
+        store: TrajectoryStore,
+        time_scale: float,
+        instance_ids: Callable[[], list[str]] = list,
     ) -> None:
         self.store = store
         self.time_scale = time_scale
-        self.instance_ids = instance_ids
+        self.instance_ids = instance_ids  # the engine instances taking steps now
 
     @activity.defn(name=names.BEGIN_BATCH)
     async def begin_batch(self, batch_id: str) -> BatchStart:
@@ -39,7 +44,7 @@ class StoreActivities:
             raise ApplicationError(
                 f"batch {batch_id!r} is not in the store {self.store.url}", non_retryable=True
             )
-        return BatchStart(time_scale=self.time_scale, instance_ids=list(self.instance_ids))
+        return BatchStart(time_scale=self.time_scale, instance_ids=self.instance_ids())
 
     @activity.defn(name=names.LOAD_SPECS)
     async def load_specs(self, request: SpecPageRequest) -> SpecPage:

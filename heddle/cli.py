@@ -228,6 +228,9 @@ def worker(
     time_scale: float = 1.0,
     queue_prefix: str = "",
     engine_policy: Annotated[str, typer.Option(help="fcfs or priority")] = "fcfs",
+    engines: Annotated[
+        bool, typer.Option(help="Host the simulated engines (one worker of a stack does).")
+    ] = True,
     state_dir: StateDir = Path(".heddle"),
 ) -> None:
     """Run one worker process: workflows, activities, tools and simulated engines."""
@@ -245,6 +248,7 @@ def worker(
         time_scale=time_scale,
         queue_prefix=queue_prefix,
         engine_policy=engine_policy,
+        host_engines=engines,
     )
     asyncio.run(run_worker(opts))
 

@@ -18,14 +18,15 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from heddle.config import BatchSpec
-from heddle.queues import trajectories_queue
+from heddle.queues import control_workflow_id, trajectories_queue
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
-from heddle.types import BatchInput, BatchReport, RolloutOptions
+from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
 from heddle.workloads import generate
 from scheduler.registry import live_policy_names, policy_names
 from workflows.batch import RolloutBatchWorkflow
+from workflows.control import ClusterControlWorkflow
 
 TOOL_MODES = ("replay", "real")
 
@@ -146,6 +147,21 @@ class HeddleClient:
             batch_id=batch_id,
             workflow=self.temporal.get_workflow_handle_for(RolloutBatchWorkflow.run, batch_id),
         )
+
+    def _control(self) -> WorkflowHandle[ClusterControlWorkflow, None]:
+        return self.temporal.get_workflow_handle_for(
+            ClusterControlWorkflow.run, control_workflow_id(self.queue_prefix)
+        )
+
+    async def cluster_plan(self) -> ClusterPlan:
+        """The engine instances the cluster runs now (the control workflow's plan)."""
+        return await self._control().query(ClusterControlWorkflow.plan)
+
+    async def reshape(self, change: PlanChange) -> ClusterPlan:
+        """Apply a change to the plan and wait until it has run: the retired instances
+        drained and stopped, the new ones up. An invalid change raises
+        `WorkflowUpdateFailedError` and changes nothing."""
+        return await self._control().execute_update(ClusterControlWorkflow.reshape, change)
 
     async def list_batches(self, limit: int = 50) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.list_batches, limit)

@@ -24,3 +24,8 @@ def control_queue(prefix: str = "") -> str:
 
 def engine_queue(instance_id: str, prefix: str = "") -> str:
     return f"{prefix}engine.{instance_id}"
+
+
+def control_workflow_id(prefix: str = "") -> str:
+    """The cluster's one control workflow (per prefix)."""
+    return f"{prefix}heddle-cluster-control"

@@ -128,6 +128,7 @@ class EmbeddedStack:
     num_workers: int = 1
     server: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _engine_host: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -169,7 +170,8 @@ class EmbeddedStack:
             raise
         return client
 
-    def worker_argv(self) -> list[str]:
+    def worker_argv(self, host_engines: bool = True) -> list[str]:
+        """One worker of the stack hosts the engines; the others run workflows and tools."""
         return [
             sys.executable, "-m", "heddle.cli", "worker",
             "--address", self.address,
@@ -177,10 +179,14 @@ class EmbeddedStack:
             "--cluster-json", json.dumps(self.cluster.model_dump(mode="json")),
             "--time-scale", str(self.time_scale),
             "--queue-prefix", self.queue_prefix,
+            "--engines" if host_engines else "--no-engines",
         ]  # fmt: skip
 
     def start_worker(self) -> subprocess.Popen[bytes]:
-        proc = _popen(self.worker_argv(), self.state_dir / "worker.log")
+        host_engines = self._engine_host is None or self._engine_host.poll() is not None
+        proc = _popen(self.worker_argv(host_engines), self.state_dir / "worker.log")
+        if host_engines:
+            self._engine_host = proc
         self.workers.append(proc)
         return proc
 

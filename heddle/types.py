@@ -268,3 +268,43 @@ class RewardRequest:
     trajectory_id: str
     finish_reason: str
     last_tool_status: str | None = None
+
+
+@dataclass
+class InstancePlan:
+    """One engine instance of the cluster plan: its GPUs are `tp` from `first_gpu`.
+
+    `state`: "active" takes steps; "draining" finishes the steps it has and takes no
+    more; "starting" is loading (it takes steps once active)."""
+
+    instance_id: str
+    tp: int
+    first_gpu: int
+    state: str = "active"
+
+
+@dataclass
+class ClusterPlan:
+    """The engine instances the cluster runs now; `version` counts applied changes."""
+
+    num_gpus: int
+    tp_choices: list[int]
+    instances: list[InstancePlan] = field(default_factory=list)
+    version: int = 0
+
+
+@dataclass
+class PlanChange:
+    """Retire instances and start others on exactly their GPUs (a reshape)."""
+
+    retire: list[str]
+    create: list[InstancePlan]
+    reason: str = ""
+
+
+@dataclass
+class ControlInput:
+    plan: ClusterPlan
+    queue_prefix: str = ""
+    # Applied changes before the workflow continues as new (keeps its history short).
+    changes_per_run: int = 50

@@ -14,26 +14,25 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.engine import EngineActivities
+from activities.control import ControlActivities
 from activities.scheduler import SchedulerActivities
 from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
-from engines.pool import EnginePool
+from engines.pool import EnginePool, EngineShape
 from heddle.config import ClusterConfig
-from heddle.queues import engine_queue, tools_queue, trajectories_queue
+from heddle.engine_host import EngineHost, ensure_control_workflow
+from heddle.queues import control_queue, tools_queue, trajectories_queue
 from heddle.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
+from scheduler.plan import initial_plan
 from scheduler.service import SchedulerService
 from workflows.batch import RolloutBatchWorkflow
+from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
 log = logging.getLogger(__name__)
-
-# The engine is the queue: a worker takes every step sent to its instance and the engine
-# core orders them, so this bound only guards memory.
-MAX_STEPS_PER_ENGINE = 8192
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,9 @@ class WorkerOptions:
     time_scale: float = 1.0
     queue_prefix: str = ""
     engine_policy: str = "fcfs"
+    # One process of a stack hosts the engines (and the control activities); others
+    # run workflows and tools only, or each would add a copy of every instance.
+    host_engines: bool = True
 
 
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
@@ -56,34 +58,32 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         log.warning("could not register Heddle's search attributes: %s", exc)
     store = TrajectoryStore.open(opts.store_url)
     cluster = opts.cluster
-    pool = EnginePool.simulated(
-        instance_ids=cluster.instance_ids(),
-        model=cluster.model,
-        gpu=cluster.gpu,
-        tp=cluster.default_tp,
-        max_num_seqs=cluster.max_num_seqs,
-        max_num_batched_tokens=cluster.max_num_batched_tokens,
-        gpu_memory_utilization=cluster.gpu_memory_utilization,
-        policy=opts.engine_policy,
-        time_scale=opts.time_scale,
-    )
-    await pool.start()
-    service = SchedulerService(
-        instance_ids=pool.instance_ids,
-        context=PolicyContext.for_cluster(cluster),
-        tps=dict.fromkeys(pool.instance_ids, cluster.default_tp),
-    )
+    prefix = opts.queue_prefix
+    service = SchedulerService(context=PolicyContext.for_cluster(cluster))
+    pool = None
+    if opts.host_engines:
+        pool = EnginePool(
+            EngineShape(
+                model=cluster.model,
+                gpu=cluster.gpu,
+                max_num_seqs=cluster.max_num_seqs,
+                max_num_batched_tokens=cluster.max_num_batched_tokens,
+                gpu_memory_utilization=cluster.gpu_memory_utilization,
+                policy=opts.engine_policy,
+                time_scale=opts.time_scale,
+            )
+        )
+    host = EngineHost(client, service, pool, prefix, opts.time_scale)
     store_acts = StoreActivities(
-        store=store, time_scale=opts.time_scale, instance_ids=pool.instance_ids
+        store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)
     )
     sched_acts = SchedulerActivities(service=service)
     tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
-    prefix = opts.queue_prefix
     workers = [
         Worker(
             client,
             task_queue=trajectories_queue(prefix),
-            workflows=[TrajectoryWorkflow, RolloutBatchWorkflow],
+            workflows=[TrajectoryWorkflow, RolloutBatchWorkflow, ClusterControlWorkflow],
             activities=[
                 store_acts.begin_batch,
                 store_acts.load_specs,
@@ -105,14 +105,13 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
             max_concurrent_activities=512,
         ),
     ]
-    for iid in pool.instance_ids:
-        acts = EngineActivities(engine=pool[iid])
+    if pool is not None:
+        control_acts = ControlActivities(host=host)
         workers.append(
             Worker(
                 client,
-                task_queue=engine_queue(iid, prefix),
-                activities=[acts.generate],
-                max_concurrent_activities=MAX_STEPS_PER_ENGINE,
+                task_queue=control_queue(prefix),
+                activities=[control_acts.wait_drained, control_acts.wait_started],
             )
         )
     if stop is None:
@@ -121,18 +120,30 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker serving %s with %d engine instances", trajectories_queue(prefix), len(pool.engines)
-    )
+        "worker serving %s (%s engines)", trajectories_queue(prefix),
+        "hosting" if pool is not None else "no",
+    )  # fmt: skip
     runs = [asyncio.create_task(w.run()) for w in workers]
+    # The cluster plan: the control workflow keeps it across restarts; the first worker
+    # of a cluster starts it with the configured split.
+    initial = initial_plan(
+        cluster.instance_ids(),
+        [cluster.default_tp] * len(cluster.instance_ids()),
+        cluster.num_gpus,
+        cluster.tp_choices,
+    )
+    control = await ensure_control_workflow(client, initial, prefix)
+    runs.append(asyncio.create_task(host.follow(control)))
     waiter = asyncio.create_task(stop.wait())
     try:
         # A worker that dies (e.g. the server went away) ends the process too.
         done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
+        runs[-1].cancel()
+        await host.close()
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         for task in done:
             if task is not waiter and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
         waiter.cancel()
-        await pool.stop()
         store.close()

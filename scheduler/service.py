@@ -68,19 +68,27 @@ class SchedulerService:
     def __init__(
         self,
         *,
-        instance_ids: Sequence[str],
+        instance_ids: Sequence[str] = (),
         context: PolicyContext | None = None,
         tps: Mapping[str, int] | None = None,
     ) -> None:
-        if not instance_ids:
-            raise ValueError("the scheduler needs at least one engine instance")
-        self.instance_ids = list(instance_ids)
         self.context = context or PolicyContext()
-        self.tps = dict(tps or {})
-        self.in_flight: dict[str, int] = dict.fromkeys(self.instance_ids, 0)
+        self.instance_ids: list[str] = []
+        self.tps: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {}
         self._last_instance: dict[str, str] = {}
         self._policies: dict[str, Policy] = {}
         self._buckets: dict[str, PriorityBuckets] = {}
+        tps = tps or {}
+        self.set_instances({i: tps.get(i, self.context.default_tp) for i in instance_ids})
+
+    def set_instances(self, tps: Mapping[str, int]) -> None:
+        """The instances that take steps now (the cluster plan's active ones). Counts of
+        steps still running on an instance that left are kept until they report."""
+        self.instance_ids = list(tps)
+        self.tps = dict(tps)
+        for iid in self.instance_ids:
+            self.in_flight.setdefault(iid, 0)
 
     def _policy(self, name: str) -> Policy:
         if name not in self._policies:
@@ -89,7 +97,13 @@ class SchedulerService:
         return self._policies[name]
 
     def decide(self, request: DecideRequest, now: float) -> Decision:
-        event = step_event(request, self._last_instance.get(request.trajectory_id))
+        if not self.instance_ids:
+            # The decide activity is retried: steps wait for the plan, not fail.
+            raise RuntimeError("no engine instance takes steps yet")
+        previous = self._last_instance.get(request.trajectory_id)
+        if previous not in self.tps:
+            previous = None  # its instance was retired: its KV went with it
+        event = step_event(request, previous)
         sessions = Counter(self._last_instance.values())
         states = [
             InstanceState(

@@ -1,0 +1,140 @@
+"""A worker process's side of the cluster plan: it follows the control workflow's plan.
+
+Every `RECONCILE_EVERY_S` it reads the plan (a query) and brings the process in line:
+the scheduler service offers the active instances only; a process that hosts engines
+starts the instances the plan names (a "starting" one after its modelled restart) and
+stops those the plan dropped, each an engine in the pool with a Temporal worker on its
+`engine.<id>` queue. The plan is the truth; the process keeps none of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from activities.engine import EngineActivities
+from engines.pool import EnginePool
+from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
+from heddle.types import ClusterPlan, ControlInput
+from scheduler.plan import active_instances
+from scheduler.service import SchedulerService
+from workflows.control import ClusterControlWorkflow
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY_S = 0.5
+# The engine is the queue: a worker takes every step sent to its instance and the engine
+# core orders them, so this bound only guards memory.
+MAX_STEPS_PER_ENGINE = 8192
+
+
+async def ensure_control_workflow(
+    client: Client, initial: ClusterPlan, prefix: str
+) -> WorkflowHandle[ClusterControlWorkflow, None]:
+    """Start the control workflow with `initial` unless it already runs (it keeps its plan
+    across worker restarts)."""
+    return await client.start_workflow(
+        ClusterControlWorkflow.run,
+        ControlInput(initial, prefix),
+        id=control_workflow_id(prefix),
+        task_queue=trajectories_queue(prefix),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+
+
+class EngineHost:
+    def __init__(
+        self,
+        client: Client,
+        service: SchedulerService,
+        pool: EnginePool | None,
+        prefix: str,
+        time_scale: float,
+    ) -> None:
+        self.client = client
+        self.service = service
+        self.pool = pool  # None: this process hosts no engines
+        self.prefix = prefix
+        self.time_scale = time_scale
+        self._workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self.plan: ClusterPlan | None = None
+
+    def is_up(self, instance_id: str) -> bool:
+        return instance_id in self._workers
+
+    def load(self, instance_id: str) -> int:
+        """Steps on a hosted instance's engine (waiting or running)."""
+        if self.pool is None or instance_id not in self.pool.engines:
+            return 0
+        return self.pool[instance_id].load
+
+    async def follow(self, handle: WorkflowHandle[ClusterControlWorkflow, None]) -> None:
+        """Reconcile with the plan until cancelled; a failed query is retried."""
+        while True:
+            try:
+                plan = await handle.query(
+                    ClusterControlWorkflow.plan, rpc_timeout=timedelta(seconds=5)
+                )
+                await self.reconcile(plan)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("could not follow the cluster plan: %s", exc)
+            await asyncio.sleep(RECONCILE_EVERY_S)
+
+    async def reconcile(self, plan: ClusterPlan) -> None:
+        self.plan = plan
+        self.service.set_instances(active_instances(plan))
+        if self.pool is None:
+            return
+        wanted = {i.instance_id: i for i in plan.instances}
+        for iid in [i for i in self._workers if i not in wanted]:
+            await self._stop(iid)
+        for iid, inst in wanted.items():
+            if iid in self._workers or iid in self._starting:
+                continue
+            # An instance the plan is starting pays its restart; one that is already
+            # active (this process restarted) comes back at once.
+            delay = (
+                self.pool.restart_s(inst.tp) * self.time_scale if inst.state == "starting" else 0
+            )
+            self._starting[iid] = asyncio.create_task(self._start(iid, inst.tp, delay))
+
+    async def _start(self, instance_id: str, tp: int, delay_s: float) -> None:
+        assert self.pool is not None
+        try:
+            await asyncio.sleep(delay_s)
+            engine = await self.pool.add(instance_id, tp)
+            acts = EngineActivities(engine=engine)
+            worker = Worker(
+                self.client,
+                task_queue=engine_queue(instance_id, self.prefix),
+                activities=[acts.generate],
+                max_concurrent_activities=MAX_STEPS_PER_ENGINE,
+            )
+            self._workers[instance_id] = (worker, asyncio.create_task(worker.run()))
+            log.info("engine instance %s up at TP %d", instance_id, tp)
+        finally:
+            self._starting.pop(instance_id, None)
+
+    async def _stop(self, instance_id: str) -> None:
+        worker, task = self._workers.pop(instance_id)
+        await worker.shutdown()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        if self.pool is not None:
+            await self.pool.remove(instance_id)
+        log.info("engine instance %s stopped", instance_id)
+
+    async def close(self) -> None:
+        for task in list(self._starting.values()):
+            task.cancel()
+        for iid in list(self._workers):
+            await self._stop(iid)

@@ -1,0 +1,94 @@
+"""The cluster plan as data: the initial split, and changes checked before they run.
+
+Pure (the control workflow's update validator calls it): a change may only retire
+instances that exist and must start instances on exactly the retired GPUs, at allowed,
+aligned TP degrees, under new ids; anything else is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from heddle.types import ClusterPlan, InstancePlan, PlanChange
+
+
+def initial_plan(
+    instance_ids: Sequence[str], tps: Sequence[int], num_gpus: int, tp_choices: Sequence[int]
+) -> ClusterPlan:
+    """Instances laid out widest first on contiguous GPUs (offsets then align)."""
+    instances, offset = [], 0
+    for iid, tp in sorted(zip(instance_ids, tps, strict=True), key=lambda p: -p[1]):
+        instances.append(InstancePlan(iid, tp, offset))
+        offset += tp
+    if offset != num_gpus:
+        raise ValueError(f"the split uses {offset} GPUs; the cluster has {num_gpus}")
+    return ClusterPlan(num_gpus=num_gpus, tp_choices=list(tp_choices), instances=instances)
+
+
+def gpus(instances: Sequence[InstancePlan]) -> set[int]:
+    return {g for i in instances for g in range(i.first_gpu, i.first_gpu + i.tp)}
+
+
+def check_change(plan: ClusterPlan, change: PlanChange) -> None:
+    """Raise ValueError naming what is wrong with `change` against `plan`."""
+    by_id = {i.instance_id: i for i in plan.instances}
+    busy = [i.instance_id for i in plan.instances if i.state != "active"]
+    if busy:
+        raise ValueError(f"instance {busy[0]!r} is still changing: one reshape at a time")
+    if not change.retire and not change.create:
+        raise ValueError("the change retires and creates nothing")
+    unknown = [i for i in change.retire if i not in by_id]
+    if unknown:
+        raise ValueError(f"retire: no instance {unknown[0]!r} in plan version {plan.version}")
+    if len(set(change.retire)) != len(change.retire):
+        raise ValueError("retire: an instance is named twice")
+    ids = [c.instance_id for c in change.create]
+    reused = [i for i in ids if i in by_id]
+    if reused or len(set(ids)) != len(ids):
+        raise ValueError(f"create: instance id {(reused or ids)[0]!r} is already taken")
+    for c in change.create:
+        if c.tp not in plan.tp_choices:
+            raise ValueError(f"create: {c.instance_id} has TP {c.tp}, not in {plan.tp_choices}")
+        if c.first_gpu % c.tp:
+            raise ValueError(
+                f"create: {c.instance_id} starts at GPU {c.first_gpu}, not a multiple of TP {c.tp}"
+            )
+    freed = gpus([by_id[i] for i in change.retire])
+    taken = [g for c in change.create for g in range(c.first_gpu, c.first_gpu + c.tp)]
+    if len(set(taken)) != len(taken) or set(taken) != freed:
+        raise ValueError(
+            f"create: the new instances take GPUs {sorted(set(taken))}; "
+            f"the retired ones free {sorted(freed)}"
+        )
+
+
+def _with(plan: ClusterPlan, instances: list[InstancePlan]) -> ClusterPlan:
+    instances = sorted(instances, key=lambda i: i.first_gpu)
+    return ClusterPlan(plan.num_gpus, list(plan.tp_choices), instances, plan.version + 1)
+
+
+def mark_draining(plan: ClusterPlan, ids: Sequence[str]) -> ClusterPlan:
+    """Phase 1 of a reshape: the retiring instances take no new steps."""
+    return _with(
+        plan,
+        [replace(i, state="draining") if i.instance_id in ids else i for i in plan.instances],
+    )
+
+
+def swap_instances(plan: ClusterPlan, change: PlanChange) -> ClusterPlan:
+    """Phase 2: the drained instances go, the new ones start on their GPUs."""
+    kept = [i for i in plan.instances if i.instance_id not in change.retire]
+    return _with(plan, [*kept, *(replace(c, state="starting") for c in change.create)])
+
+
+def mark_active(plan: ClusterPlan, ids: Sequence[str]) -> ClusterPlan:
+    """Phase 3: the started instances take steps."""
+    return _with(
+        plan, [replace(i, state="active") if i.instance_id in ids else i for i in plan.instances]
+    )
+
+
+def active_instances(plan: ClusterPlan) -> dict[str, int]:
+    """Instance id -> TP degree of the instances that take steps now."""
+    return {i.instance_id: i.tp for i in plan.instances if i.state == "active"}

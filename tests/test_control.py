@@ -1,0 +1,145 @@
+"""The cluster plan: changes checked before they run, a reshape during a rollout that
+loses and duplicates nothing, and a plan that outlives the worker."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from heddle.client import HeddleClient
+from heddle.trace import TraceRecord
+from heddle.types import InstancePlan, PlanChange, RolloutOptions, StepSpec, TrajectorySpec
+from scheduler.plan import (
+    active_instances,
+    check_change,
+    initial_plan,
+    mark_active,
+    mark_draining,
+    swap_instances,
+)
+from tests.live import kill_process, live_client, worker_process
+
+TWO_FROM_TWO = PlanChange(["i2", "i3"], [InstancePlan("w0", 2, 2)], "test: merge for the tail")
+
+
+def test_a_change_must_start_instances_on_exactly_the_gpus_it_frees() -> None:
+    plan = initial_plan(["i0", "i1", "i2", "i3"], [1, 1, 1, 1], 4, [1, 2, 4])
+    assert [(i.instance_id, i.first_gpu) for i in plan.instances] == [
+        ("i0", 0), ("i1", 1), ("i2", 2), ("i3", 3)]  # fmt: skip
+    bad = {
+        "no instance 'i9'": PlanChange(["i9"], [InstancePlan("x", 1, 3)]),
+        "free \\[2, 3\\]": PlanChange(["i2", "i3"], [InstancePlan("x", 1, 2)]),
+        "not a multiple": PlanChange(["i1", "i2"], [InstancePlan("x", 2, 1)]),
+        "not in": PlanChange(["i0", "i1", "i2"], [InstancePlan("x", 3, 0)]),
+        "already taken": PlanChange(["i2", "i3"], [InstancePlan("i0", 2, 2)]),
+        "nothing": PlanChange([], []),
+    }
+    for message, change in bad.items():
+        with pytest.raises(ValueError, match=message):
+            check_change(plan, change)
+    draining = mark_draining(plan, TWO_FROM_TWO.retire)
+    assert active_instances(draining) == {"i0": 1, "i1": 1}
+    with pytest.raises(ValueError, match="one reshape at a time"):
+        check_change(draining, PlanChange(["i0", "i1"], [InstancePlan("x", 2, 0)]))
+    swapped = swap_instances(draining, TWO_FROM_TWO)
+    assert active_instances(swapped) == {"i0": 1, "i1": 1}  # w0 is starting
+    after = mark_active(swapped, ["w0"])
+    assert after.version == 3
+    assert active_instances(after) == {"i0": 1, "i1": 1, "w0": 2}
+
+
+def _records(n: int) -> list[TraceRecord]:
+    steps = (*(StepSpec(60, "python", 0.4, "ok", 20) for _ in range(5)), StepSpec(60))
+    return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k // 4}", 100, steps, "coding"))
+            for k in range(n)]  # fmt: skip
+
+
+def test_a_reshape_during_a_rollout_loses_and_duplicates_nothing(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    records = _records(16)
+
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix, time_scale=0.05) as c:
+            plan = await _plan_when_up(c)
+            assert [i.instance_id for i in plan.instances] == ["i0", "i1", "i2", "i3"]
+            # Refused by the validator: nothing runs, the plan stays.
+            with pytest.raises(WorkflowUpdateFailedError):
+                await c.reshape(PlanChange(["i3"], [InstancePlan("w0", 2, 2)]))
+            assert (await c.cluster_plan()).version == 0
+            handle = await c.start_rollout(records=records, options=RolloutOptions())
+            await asyncio.sleep(1.0)  # the batch is under way
+            reshaped = await c.reshape(TWO_FROM_TWO)
+            assert [(i.instance_id, i.tp, i.state) for i in reshaped.instances] == [
+                ("i0", 1, "active"), ("i1", 1, "active"), ("w0", 2, "active")]  # fmt: skip
+            report = await asyncio.wait_for(handle.report(), 180)
+            assert report.completed == 16
+            assert report.generated_tokens == sum(r.spec.generated_tokens for r in records)
+            steps = _steps(c, handle.batch_id, records)
+            # Every step once, each generated in one piece (no retry after the reshape).
+            assert len(steps) == 16 * 6
+            assert {s["attempt"] for s in steps} == {1}
+            assert {s["resumed_tokens"] for s in steps} == {0}
+            on_new = [s for s in steps if s["instance_id"] == "w0"]
+            assert on_new, "steps after the reshape ran on the new instance"
+            first_on_new = min(s["gen_started_at"] for s in on_new)
+            late_on_old = [s for s in steps if s["instance_id"] in ("i2", "i3")
+                           and s["gen_started_at"] > first_on_new]  # fmt: skip
+            assert late_on_old == []
+
+    asyncio.run(run())
+
+
+def _steps(client: HeddleClient, batch_id: str, records: list[TraceRecord]) -> list[dict]:  # type: ignore[type-arg]
+    steps = []
+    for r in records:
+        row = client.store.get_trajectory(batch_id, r.spec.trajectory_id)
+        assert row is not None
+        steps += row["steps"]
+    return steps
+
+
+async def _plan_when_up(client: HeddleClient, timeout_s: float = 30):  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await client.cluster_plan()
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def test_the_plan_outlives_a_worker_restart(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+
+    async def run() -> None:
+        worker = worker_process(temporal_address, store_url, queue_prefix, log, time_scale=0.02)
+        client = await HeddleClient.connect(
+            temporal_address, store_url=store_url, queue_prefix=queue_prefix
+        )
+        async with client:
+            try:
+                await _plan_when_up(client)
+                await client.reshape(TWO_FROM_TWO)
+                kill_process(worker)
+                worker = worker_process(
+                    temporal_address, store_url, queue_prefix, log, time_scale=0.02
+                )
+                plan = await client.cluster_plan()
+                assert plan.version == 3  # drain, swap, activate
+                assert [i.instance_id for i in plan.instances] == ["i0", "i1", "w0"]
+                handle = await client.start_rollout(records=_records(8), options=RolloutOptions())
+                report = await asyncio.wait_for(handle.report(), 120)
+                assert report.completed == 8
+                used = {s["instance_id"] for s in _steps(client, handle.batch_id, _records(8))}
+                assert used <= {"i0", "i1", "w0"}
+            finally:
+                kill_process(worker)
+
+    asyncio.run(run())

@@ -1,0 +1,89 @@
+"""The cluster's engine plan, held durably: which instances run, at which TP degree.
+
+Workers follow the plan (`heddle/engine_host.py` reconciles engines and the scheduler's
+instance set to it). A reshape arrives as an update, is checked by its validator before
+it is accepted, and runs in three phases so no step is lost: the retiring instances
+drain (take no new steps, finish theirs), then they stop and the new instances start on
+their GPUs, then the new ones take steps. The workflow continues as new every
+`changes_per_run` reshapes, or when Temporal suggests it, between reshapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from heddle import activity_names as names
+    from heddle.queues import control_queue
+    from heddle.types import ClusterPlan, ControlInput, PlanChange
+    from scheduler import plan as plans
+
+# Draining waits for the longest step on the instance; starting for a weight load.
+DRAIN_TIMEOUT = timedelta(hours=2)
+START_TIMEOUT = timedelta(minutes=30)
+WAIT_HEARTBEAT = timedelta(seconds=30)
+
+
+@workflow.defn(name="ClusterControlWorkflow")
+class ClusterControlWorkflow:
+    def __init__(self) -> None:
+        self._plan: ClusterPlan | None = None
+        self._lock = asyncio.Lock()
+        self._changes = 0
+
+    @workflow.run
+    async def run(self, inp: ControlInput) -> None:
+        if self._plan is None:
+            self._plan = inp.plan
+        self._prefix = inp.queue_prefix
+        await workflow.wait_condition(
+            lambda: (
+                not self._lock.locked()
+                and (
+                    self._changes >= inp.changes_per_run
+                    or workflow.info().is_continue_as_new_suggested()
+                )
+            )
+        )
+        workflow.continue_as_new(ControlInput(self._plan, inp.queue_prefix, inp.changes_per_run))
+
+    @workflow.query
+    def plan(self) -> ClusterPlan:
+        assert self._plan is not None
+        return self._plan
+
+    @workflow.update
+    async def reshape(self, change: PlanChange) -> ClusterPlan:
+        async with self._lock:
+            assert self._plan is not None
+            plans.check_change(self._plan, change)  # the plan may have moved since validation
+            self._plan = plans.mark_draining(self._plan, change.retire)
+            await workflow.execute_activity(
+                names.WAIT_DRAINED,
+                change.retire,
+                task_queue=control_queue(self._prefix),
+                start_to_close_timeout=DRAIN_TIMEOUT,
+                heartbeat_timeout=WAIT_HEARTBEAT,
+            )
+            self._plan = plans.swap_instances(self._plan, change)
+            created = [c.instance_id for c in change.create]
+            await workflow.execute_activity(
+                names.WAIT_STARTED,
+                created,
+                task_queue=control_queue(self._prefix),
+                start_to_close_timeout=START_TIMEOUT,
+                heartbeat_timeout=WAIT_HEARTBEAT,
+            )
+            self._plan = plans.mark_active(self._plan, created)
+            self._changes += 1
+            workflow.logger.info("cluster reshaped: %s (%s)", change, change.reason)
+            return self._plan
+
+    @reshape.validator
+    def check(self, change: PlanChange) -> None:
+        """Refused changes never enter the history."""
+        assert self._plan is not None
+        plans.check_change(self._plan, change)
