@@ -30,6 +30,10 @@ trajectories_app = typer.Typer(help="List and inspect trajectories.", no_args_is
 trace_app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
 app.add_typer(trace_app, name="trace")
+cluster_app = typer.Typer(
+    help="The cluster's engine plan (a running stack's control workflow).", no_args_is_help=True
+)
+app.add_typer(cluster_app, name="cluster")
 console = Console()
 err = Console(stderr=True)
 
@@ -401,6 +405,86 @@ async def _follow(handle: Any, total: int, quiet: bool) -> Any:
             await asyncio.wait([result], timeout=0.5)
         bar.update(task, completed=total, running=0)
     return await result
+
+
+# ---- the cluster plan --------------------------------------------------------------------
+def _running_address(address: str | None, state_dir: Path) -> str:
+    from heddle.stack import running_stack
+
+    if address:
+        return address
+    if (info := running_stack(state_dir)) is not None:
+        return str(info["address"])
+    raise _fail(f"no running stack in {state_dir}: start one (heddle dev) or give --address")
+
+
+def _plan_table(plan: Any) -> Table:
+    table = Table("instance", "TP", "GPUs", "state", title=f"cluster plan v{plan.version}")
+    for i in plan.instances:
+        table.add_row(i.instance_id, str(i.tp), f"{i.first_gpu}-{i.first_gpu + i.tp - 1}", i.state)
+    return table
+
+
+@cluster_app.command("plan")
+def cluster_plan(
+    address: Annotated[str | None, typer.Option(help="HOST:PORT of the Temporal server.")] = None,
+    queue_prefix: str = "",
+    state_dir: StateDir = Path(".heddle"),
+) -> None:
+    """Show the engine instances the cluster runs now."""
+    from heddle.client import HeddleClient
+
+    async def run() -> None:
+        client = await HeddleClient.connect(
+            _running_address(address, state_dir),
+            store_url=_store_url(None, state_dir),
+            queue_prefix=queue_prefix,
+        )
+        async with client:
+            console.print(_plan_table(await client.cluster_plan()))
+
+    asyncio.run(run())
+
+
+@cluster_app.command("reshape")
+def cluster_reshape(
+    retire: Annotated[list[str], typer.Option(help="Instance to retire (repeat).")],
+    create: Annotated[list[str], typer.Option(help="New instance as ID:TP:FIRST_GPU (repeat).")],
+    reason: str = "manual",
+    address: Annotated[str | None, typer.Option(help="HOST:PORT of the Temporal server.")] = None,
+    queue_prefix: str = "",
+    state_dir: StateDir = Path(".heddle"),
+) -> None:
+    """Retire instances and start others on their GPUs; waits until it has run (the
+    retired ones drained, the new ones up). A change that does not fit is refused."""
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from heddle.client import HeddleClient
+    from heddle.types import InstancePlan, PlanChange
+
+    try:
+        created = [
+            InstancePlan(iid, int(tp), int(first))
+            for iid, tp, first in (c.split(":") for c in create)
+        ]
+    except ValueError:
+        raise _fail(f"--create takes ID:TP:FIRST_GPU, got {create}") from None
+
+    async def run() -> None:
+        client = await HeddleClient.connect(
+            _running_address(address, state_dir),
+            store_url=_store_url(None, state_dir),
+            queue_prefix=queue_prefix,
+        )
+        async with client:
+            try:
+                plan = await client.reshape(PlanChange(list(retire), created, reason))
+            except WorkflowUpdateFailedError as exc:
+                cause = exc.cause.message if hasattr(exc.cause, "message") else exc.cause
+                raise _fail(f"reshape refused: {cause}") from None
+            console.print(_plan_table(plan))
+
+    asyncio.run(run())
 
 
 # ---- trajectories and batches ------------------------------------------------------------

@@ -37,15 +37,31 @@ MAX_STEPS_PER_ENGINE = 8192
 async def ensure_control_workflow(
     client: Client, initial: ClusterPlan, prefix: str
 ) -> WorkflowHandle[ClusterControlWorkflow, None]:
-    """Start the control workflow with `initial` unless it already runs (it keeps its plan
-    across worker restarts)."""
-    return await client.start_workflow(
-        ClusterControlWorkflow.run,
-        ControlInput(initial, prefix),
-        id=control_workflow_id(prefix),
-        task_queue=trajectories_queue(prefix),
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
+    """Start the control workflow with `initial` unless it already runs: its plan
+    outlives worker restarts. A plan for another cluster shape (GPU count or TP choices
+    changed in the cluster file) is replaced by `initial`. Needs this process's workflow
+    worker running (the plan is read by a query)."""
+
+    async def start() -> WorkflowHandle[ClusterControlWorkflow, None]:
+        return await client.start_workflow(
+            ClusterControlWorkflow.run,
+            ControlInput(initial, prefix),
+            id=control_workflow_id(prefix),
+            task_queue=trajectories_queue(prefix),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+
+    handle = await start()
+    plan = await handle.query(ClusterControlWorkflow.plan)
+    if plan.num_gpus != initial.num_gpus or sorted(plan.tp_choices) != sorted(initial.tp_choices):
+        log.warning(
+            "the cluster plan is for %d GPUs with TP %s; the cluster file says %d with %s: "
+            "starting over from the file",
+            plan.num_gpus, plan.tp_choices, initial.num_gpus, initial.tp_choices,
+        )  # fmt: skip
+        await handle.terminate("cluster file changed")
+        handle = await start()
+    return handle
 
 
 class EngineHost:

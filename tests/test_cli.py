@@ -253,6 +253,24 @@ def test_detached_stack_is_found_by_rollout_and_stopped(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         assert "4 (4 completed, 0 failed)" in run.stdout
         assert "The stack has stopped" not in run.stdout
+        # The cluster plan: shown, changed, and a change that does not fit refused.
+        plan = heddle("cluster", "plan", "--state-dir", str(state))
+        assert plan.returncode == 0, plan.stderr
+        assert "cluster plan v0" in plan.stdout
+        assert "i3" in plan.stdout
+        bad = heddle("cluster", "reshape", "--retire", "i3", "--create", "w0:2:2",
+                     "--state-dir", str(state))  # fmt: skip
+        assert bad.returncode == 2
+        assert "reshape refused" in bad.stderr
+        assert "free [3]" in bad.stderr
+        good = heddle("cluster", "reshape", "--retire", "i2", "--retire", "i3", "--create",
+                      "w0:2:2", "--state-dir", str(state))  # fmt: skip
+        assert good.returncode == 0, good.stderr
+        assert "cluster plan v3" in good.stdout
+        assert "w0" in good.stdout
+        assert "2-3" in good.stdout
+        run = heddle("rollout", "--trace", str(trace), "--state-dir", str(state), "--quiet")
+        assert "4 (4 completed, 0 failed)" in run.stdout
     finally:
         down = heddle("stop", "--state-dir", str(state))
     assert down.returncode == 0

@@ -143,3 +143,38 @@ def test_the_plan_outlives_a_worker_restart(
                 kill_process(worker)
 
     asyncio.run(run())
+
+
+def test_the_control_workflow_continues_as_new_with_its_plan(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    from temporalio.client import Client
+
+    from heddle.queues import control_workflow_id, trajectories_queue
+    from heddle.types import ControlInput
+    from tests.live import SMALL_CLUSTER
+    from workflows.control import ClusterControlWorkflow
+
+    async def run() -> None:
+        temporal = await Client.connect(temporal_address)
+        ids = SMALL_CLUSTER.instance_ids()
+        initial = initial_plan(ids, [1] * len(ids), 4, SMALL_CLUSTER.tp_choices)
+        first = await temporal.start_workflow(
+            ClusterControlWorkflow.run,
+            ControlInput(initial, queue_prefix, changes_per_run=1),
+            id=control_workflow_id(queue_prefix),
+            task_queue=trajectories_queue(queue_prefix),
+        )
+        async with live_client(temporal_address, store_url, queue_prefix) as client:
+            await client.reshape(TWO_FROM_TWO)
+            latest = temporal.get_workflow_handle(control_workflow_id(queue_prefix))
+            for _ in range(50):  # the new run starts right after the reshape
+                if (await latest.describe()).run_id != first.result_run_id:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await latest.describe()).run_id != first.result_run_id
+            plan = await client.cluster_plan()
+            assert plan.version == 3
+            assert active_instances(plan) == {"i0": 1, "i1": 1, "w0": 2}
+
+    asyncio.run(run())

@@ -29,16 +29,16 @@ WAIT_HEARTBEAT = timedelta(seconds=30)
 
 @workflow.defn(name="ClusterControlWorkflow")
 class ClusterControlWorkflow:
-    def __init__(self) -> None:
-        self._plan: ClusterPlan | None = None
+    @workflow.init
+    def __init__(self, inp: ControlInput) -> None:
+        # Set before any handler runs: an update or query may come in the first task.
+        self._plan = inp.plan
+        self._prefix = inp.queue_prefix
         self._lock = asyncio.Lock()
         self._changes = 0
 
     @workflow.run
     async def run(self, inp: ControlInput) -> None:
-        if self._plan is None:
-            self._plan = inp.plan
-        self._prefix = inp.queue_prefix
         await workflow.wait_condition(
             lambda: (
                 not self._lock.locked()
@@ -52,13 +52,11 @@ class ClusterControlWorkflow:
 
     @workflow.query
     def plan(self) -> ClusterPlan:
-        assert self._plan is not None
         return self._plan
 
     @workflow.update
     async def reshape(self, change: PlanChange) -> ClusterPlan:
         async with self._lock:
-            assert self._plan is not None
             plans.check_change(self._plan, change)  # the plan may have moved since validation
             self._plan = plans.mark_draining(self._plan, change.retire)
             await workflow.execute_activity(
@@ -85,5 +83,4 @@ class ClusterControlWorkflow:
     @reshape.validator
     def check(self, change: PlanChange) -> None:
         """Refused changes never enter the history."""
-        assert self._plan is not None
         plans.check_change(self._plan, change)
