@@ -17,12 +17,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from engines.costmodel import CostModel
 from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, Reshape, StepEvent
 from scheduler.placement import least_loaded
-from scheduler.placement_dp import InstanceModel, solve
+from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, solve
 from scheduler.predictor import RemainingPredictor
 from scheduler.reshape import GpuLayout, merges_that_pay
 from scheduler.resources import SplitPlanner
@@ -60,6 +61,15 @@ class HeddlePlanner:
     _shapes: tuple[dict[int, InstanceModel], dict[int, float]] | None = None
 
     # ---- forecast ----------------------------------------------------------------------
+    @cached_property
+    def context_growth(self) -> float:
+        """Context tokens added per generated token (tool outputs included), from the
+        history: search observations can outweigh what the model writes."""
+        specs = self.ctx.history or self.ctx.truth
+        generated = sum(s.generated_tokens for s in specs)
+        observed = sum(st.tool_output_tokens for s in specs for st in s.steps)
+        return 1.0 + observed / generated if generated else 1.0
+
     def predict(self, event: StepEvent) -> float:
         if self.truth:
             spec = self.truth[event.trajectory_id]
@@ -79,8 +89,9 @@ class HeddlePlanner:
                 self._active.pop(i)
         value = self.predict(event)
         self.remaining[tid] = value
-        # Its mean KV while the rest runs: the context now plus half the remainder.
-        self._context[tid] = event.context_tokens + value / 2
+        # Its mean KV while the rest runs: the context now plus half of what is still to
+        # come, generated tokens and the tool outputs that come with them.
+        self._context[tid] = event.context_tokens + value * self.context_growth / 2
         key = value + event.generated_tokens
         self._key[tid] = key
         bisect.insort(self._active, (-key, tid))
@@ -116,7 +127,9 @@ class HeddlePlanner:
         else:
             self.tps = planner.homogeneous(self.ctx.default_tp)
             models = planner.models()
-            partition = solve(lengths, contexts, [models[tp] for tp in self.tps])
+            partition = solve(
+                lengths, contexts, [models[tp] for tp in self.tps], max_kv_share=KV_SHARE_CAP
+            )
         self.sizes = partition.sizes
         self.planned_n = max(1, len(lengths))
         self.instance_ids = [f"h{k}" for k in range(len(self.tps))]
@@ -221,7 +234,8 @@ class HeddlePlanner:
         lengths, contexts = self._forecast()
         self.instance_ids = ids
         self.tps = tuple(layout.tp[i] for i in ids)
-        self.sizes = solve(lengths, contexts, [models[tp] for tp in self.tps]).sizes
+        models_up = [models[tp] for tp in self.tps]
+        self.sizes = solve(lengths, contexts, models_up, max_kv_share=KV_SHARE_CAP).sizes
         self.planned_n = max(1, len(lengths))
         self._replan_below = len(lengths) * (1 - REPLAN_FRACTION)
 

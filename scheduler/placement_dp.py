@@ -25,6 +25,9 @@ import numpy as np
 
 from engines.costmodel import CostModel, IterationTerms
 
+# Heddle's planners cap a group's KV at four times its instance's share (see `solve`).
+KV_SHARE_CAP = 4.0
+
 
 @dataclass(frozen=True)
 class InstanceModel:
@@ -91,9 +94,15 @@ def solve(
     *,
     exact: int = 256,
     max_items: int = 768,
+    max_kv_share: float | None = None,
 ) -> Partition:
     """Optimal contiguous partition of `lengths_desc` (remaining tokens, sorted longest
-    first; `contexts` their mean KV while they run) over `instances` (widest first)."""
+    first; `contexts` their mean KV while they run) over `instances` (widest first).
+
+    With `max_kv_share`, no group holds more than that multiple of its instance's share
+    (by KV capacity) of the batch's KV: the objective only sees the slowest group, and
+    the model leaves out prefill, tool waits and preemption, so without a cap the groups
+    off the critical path can grow far past what their instance serves in time."""
     lengths = np.asarray(lengths_desc, dtype=np.float64)
     if len(lengths) == 0:
         return Partition(tuple(0 for _ in instances), 0.0)
@@ -108,11 +117,19 @@ def solve(
     dp_prev = np.full(n + 1, np.inf)
     dp_prev[0] = 0.0
     choices = []
+    total_capacity = sum(inst.kv_capacity_tokens for inst in instances)
     for inst in instances:
+        cap = np.inf
+        if max_kv_share is not None and total_capacity > 0:
+            cap = max_kv_share * inst.kv_capacity_tokens / total_capacity * ctx_before[-1]
 
-        def cost(k: np.ndarray, i: np.ndarray, inst: InstanceModel = inst) -> np.ndarray:
+        def cost(
+            k: np.ndarray, i: np.ndarray, inst: InstanceModel = inst, cap: float = cap
+        ) -> np.ndarray:
             size = size_before[i] - size_before[k]
-            return head[k] * inst.per_token_s(size, ctx_before[i] - ctx_before[k])
+            group_ctx = ctx_before[i] - ctx_before[k]
+            t = head[k] * inst.per_token_s(size, group_ctx)
+            return np.where(group_ctx > cap, np.inf, t)
 
         lo = np.zeros(n + 1, dtype=np.int64)
         hi = idx.copy()
@@ -129,6 +146,9 @@ def solve(
         best_k = np.where(use_left, left, best_k)
         dp_prev = np.minimum(val, np.where(use_left, val_left, np.inf))
         choices.append(best_k)
+    if not np.isfinite(dp_prev[n]) and max_kv_share is not None:
+        # A chunk larger than any cap (coarse aggregation): solve without the cap.
+        return solve(lengths_desc, contexts, instances, exact=exact, max_items=max_items)
     # Backtrack from all items placed.
     sizes = []
     i = n

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.placement_dp import InstanceModel, solve
+from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, solve
 
 # A merge must cut the predicted remaining makespan by this fraction beyond its restart:
 # the forecast is noisy and a restart idles the GPUs it takes.
@@ -86,8 +86,9 @@ def merges_that_pay(
     def makespan(tps: list[int]) -> float:
         ordered = sorted(tps, reverse=True)
         return solve(
-            lengths_desc, contexts, [models[tp] for tp in ordered], max_items=256
-        ).makespan_s
+            lengths_desc, contexts, [models[tp] for tp in ordered], max_items=256,
+            max_kv_share=KV_SHARE_CAP,
+        ).makespan_s  # fmt: skip
 
     kept: list[int] = []
     removed: set[int] = set()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.costmodel import CostModel
-from scheduler.placement_dp import InstanceModel, Partition, solve
+from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, Partition, solve
 
 COOLING = 0.97
 
@@ -86,8 +86,9 @@ class SplitPlanner:
                 # The search compares splits on a coarser aggregation; the chosen split's
                 # partition is solved at full precision below.
                 cache[tps] = solve(
-                    lengths_desc, contexts, [models[tp] for tp in tps], exact=96, max_items=256
-                )
+                    lengths_desc, contexts, [models[tp] for tp in tps], exact=96, max_items=256,
+                    max_kv_share=KV_SHARE_CAP,
+                )  # fmt: skip
             return cache[tps]
 
         # Sort-based start: the narrowest degree everywhere; the DP then orders by width.
@@ -105,7 +106,9 @@ class SplitPlanner:
                 if cost(current).makespan_s < cost(best).makespan_s:
                     best = current
             temperature *= COOLING
-        final = solve(lengths_desc, contexts, [models[tp] for tp in best])
+        final = solve(
+            lengths_desc, contexts, [models[tp] for tp in best], max_kv_share=KV_SHARE_CAP
+        )
         return SplitPlan(best, final, len(cache))
 
     @staticmethod

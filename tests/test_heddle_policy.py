@@ -151,3 +151,22 @@ def test_priority_buckets_put_urgent_steps_first() -> None:
     assert buckets.key(50) in (3, 4)
     same = PriorityBuckets()
     assert {same.key(7) for _ in range(10)} == {3}
+
+
+def test_the_kv_cap_keeps_groups_off_the_critical_path_within_their_share() -> None:
+    # One long trajectory and thousands of short ones: the minimax objective alone is
+    # indifferent to piling the short ones on a single instance.
+    lengths = [30_000.0] + [300.0] * 3000
+    contexts = [20_000.0] + [2_000.0] * 3000
+    instances = [_model(8)] + [_model(1)] * 8
+    free = solve(lengths, contexts, instances)
+    capped = solve(lengths, contexts, instances, max_kv_share=2.0)
+    total_ctx = sum(contexts)
+    capacity = sum(i.kv_capacity_tokens for i in instances)
+    start = 0
+    for inst, size in zip(instances, capped.sizes, strict=True):
+        group = sum(contexts[start : start + size])
+        assert group <= 2.0 * inst.kv_capacity_tokens / capacity * total_ctx + 1e-6
+        start += size
+    assert max(free.sizes[1:]) > max(capped.sizes[1:])
+    assert capped.makespan_s >= free.makespan_s  # a constraint never lowers the optimum
