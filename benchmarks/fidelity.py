@@ -1,0 +1,147 @@
+"""Fidelity: the same trace in the simulator and live (Temporal dev server, simulated
+engines, SQLite store), and what orchestration costs per step.
+
+    python benchmarks/fidelity.py [--prompts 4] [--wall 120] [--policy verl ...]
+
+For each policy: the simulator's makespan, then a live rollout on a fresh embedded stack
+at a time scale chosen so it takes about `--wall` seconds; live makespan is in the
+cluster's time (wall / time scale), so the ratio compares like with like (target: within
+10%). From the recorded Temporal histories, per LLM step: schedule-to-start (the task
+waiting in its queue for a worker poll) and the activity's round trip beyond the
+engine's own time, p50 and p99, in wall milliseconds. Then the ceiling: a trace of tiny
+steps with no tool waits, run as fast as the stack goes, gives the steps per second one
+worker process sustains (`--workers` processes share the workflows and tools; one hosts
+the engines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from heddle import activity_names as names
+from heddle.bench import run_bench
+from heddle.client import HeddleClient
+from heddle.config import ClusterConfig
+from heddle.stack import EmbeddedStack, free_port
+from heddle.stats import percentile
+from heddle.trace import TraceRecord
+from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
+from heddle.workloads import generate
+
+
+async def live_run(
+    records: list[TraceRecord],
+    cluster: ClusterConfig,
+    policy: str,
+    time_scale: float,
+    workers: int = 1,
+) -> tuple[Any, list[Any]]:
+    """One rollout on a fresh embedded stack; its report and the trajectories' histories."""
+    with tempfile.TemporaryDirectory(prefix="heddle-fidelity-") as state:
+        stack = EmbeddedStack(
+            state_dir=Path(state),
+            cluster=cluster,
+            time_scale=time_scale,
+            headless=True,
+            port=free_port(),
+            num_workers=workers,
+        )
+        await stack.start()
+        try:
+            client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
+            async with client:
+                handle = await client.start_rollout(
+                    records=records, options=RolloutOptions(policy=policy)
+                )
+                report = await handle.report()
+                histories = [
+                    await client.temporal.get_workflow_handle(
+                        f"{handle.batch_id}/{r.spec.trajectory_id}"
+                    ).fetch_history()
+                    for r in records
+                ]
+        finally:
+            stack.stop()
+    return report, histories
+
+
+def step_overheads(histories: list[Any]) -> dict[str, float]:
+    """Per LLM step (GENERATE activity), wall ms: scheduled -> started (queue wait for a
+    poll) and the round trip beyond the engine (started -> completed minus the engine's
+    time is not in the history, so the round trip is reported whole beside it)."""
+    to_start: list[float] = []
+    for history in histories:
+        scheduled: dict[int, tuple[str, float]] = {}
+        for event in history.events:
+            t = event.event_time.ToDatetime().timestamp()
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                attrs = event.activity_task_scheduled_event_attributes
+                scheduled[event.event_id] = (attrs.activity_type.name, t)
+            elif event.HasField("activity_task_started_event_attributes"):
+                attrs = event.activity_task_started_event_attributes
+                kind, at = scheduled.get(attrs.scheduled_event_id, ("", t))
+                if kind == names.GENERATE:
+                    to_start.append((t - at) * 1000)
+    return {
+        "steps": len(to_start),
+        "schedule_to_start_ms_p50": percentile(sorted(to_start), 50),
+        "schedule_to_start_ms_p99": percentile(sorted(to_start), 99),
+    }
+
+
+def tiny_trace(n: int, turns: int) -> list[TraceRecord]:
+    steps = (*(StepSpec(1, "python", 0.0, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
+    return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k}", 10, steps, "coding")) for k in range(n)]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--wall", type=float, default=120.0, help="target live seconds")
+    parser.add_argument("--policy", action="append", help="default: verl and least_loaded")
+    parser.add_argument("--workers", type=int, action="append", help="ceiling runs (1 and 2)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity.json"))
+    args = parser.parse_args()
+    cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_tp=1)
+    records = generate("coding", prompts=args.prompts, samples=16, seed=0, iteration=1)
+    trace = [r.spec for r in records]
+    out: dict[str, Any] = {"command": " ".join(sys.argv), "policies": {}, "ceiling": {}}
+    for policy in args.policy or ["verl", "least_loaded"]:
+        sim = run_bench(trace, cluster, [policy]).results[policy]
+        scale = args.wall / sim.makespan_s
+        report, histories = await live_run(records, cluster, policy, scale)
+        row = {
+            "sim_makespan_s": sim.makespan_s,
+            "live_makespan_s": report.makespan_s,
+            "live_over_sim": report.makespan_s / sim.makespan_s,
+            "time_scale": scale,
+            "live_wall_s": report.wall_s,
+            "tokens_equal": report.generated_tokens == sim.generated_tokens,
+            **step_overheads(histories),
+        }
+        out["policies"][policy] = row
+        print(f"{policy}: {json.dumps(row)}", flush=True)
+    for workers in args.workers or [1, 2]:
+        tiny = tiny_trace(200, 10)
+        started = time.perf_counter()
+        report, _ = await live_run(tiny, cluster, "least_loaded", 1e-4, workers=workers)
+        wall = time.perf_counter() - started
+        steps = sum(len(r.spec.steps) for r in tiny)
+        row = {"steps": steps, "batch_wall_s": report.wall_s,
+               "steps_per_s": steps / report.wall_s, "with_startup_s": wall}  # fmt: skip
+        out["ceiling"][str(workers)] = row
+        print(f"ceiling, {workers} worker process(es): {json.dumps(row)}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
