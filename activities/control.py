@@ -1,15 +1,24 @@
-"""The control workflow's waits, run by the process that hosts the engines (task queue
-`control`): until retiring instances hold no step, and until new ones are up."""
+"""Activities of the process that hosts the engines (task queue `control`): the control
+workflow's waits (retiring instances drained, new ones up), a batch's plan and the
+reshape to its split, and a trajectory's KV moved between instances."""
 
 from __future__ import annotations
 
 import asyncio
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from heddle import activity_names as names
 from heddle.engine_host import RECONCILE_EVERY_S, EngineHost
+from heddle.queues import control_workflow_id
+from heddle.store import TrajectoryStore
+from heddle.types import BatchPlanRequest, InstancePlan, MigrateRequest, PlanChange
+from workflows.control import ClusterControlWorkflow
+
+# Specs a batch plan reads at once from the store (a batch is at most this large).
+MAX_BATCH = 1_000_000
 
 POLL_S = 0.1
 # Idle this long before an instance counts as drained: every process has then read the
@@ -18,8 +27,63 @@ SETTLE_S = 4 * RECONCILE_EVERY_S
 
 
 class ControlActivities:
-    def __init__(self, *, host: EngineHost) -> None:
+    def __init__(self, *, host: EngineHost, store: TrajectoryStore) -> None:
         self.host = host
+        self.store = store
+
+    @activity.defn(name=names.PLAN_BATCH)
+    async def plan_batch(self, request: BatchPlanRequest) -> list[InstancePlan]:
+        """The policy plans the batch from its specs, learning from the latest earlier
+        batch in the store; returns the split it wants."""
+        specs = await asyncio.to_thread(self.store.load_specs, request.batch_id, 0, MAX_BATCH)
+        earlier = [
+            b["batch_id"]
+            for b in await asyncio.to_thread(self.store.list_batches, 2)
+            if b["batch_id"] != request.batch_id
+        ]
+        history = (
+            await asyncio.to_thread(self.store.load_specs, earlier[0], 0, MAX_BATCH)
+            if earlier
+            else []
+        )
+        try:
+            return await asyncio.to_thread(
+                self.host.service.plan_batch, request.policy, request.batch_id, specs, history
+            )
+        except ValueError as exc:  # e.g. a learning policy with no earlier batch
+            raise ApplicationError(str(exc), type="PlanError", non_retryable=True) from exc
+
+    @activity.defn(name=names.APPLY_SPLIT)
+    async def apply_split(self, instances: list[InstancePlan]) -> None:
+        """Reshape the cluster to `instances` (every current instance retired), unless it
+        already runs them; waits until the reshape has run."""
+        handle = activity.client().get_workflow_handle_for(
+            ClusterControlWorkflow.run, control_workflow_id(self.host.prefix)
+        )
+        plan = await handle.query(ClusterControlWorkflow.plan)
+        now = sorted((i.instance_id, i.tp, i.first_gpu) for i in plan.instances)
+        if now == sorted((i.instance_id, i.tp, i.first_gpu) for i in instances):
+            return
+        change = PlanChange(
+            [i.instance_id for i in plan.instances], instances, "the batch's planned split"
+        )
+        async with heartbeating():
+            await handle.execute_update(ClusterControlWorkflow.reshape, change)
+
+    @activity.defn(name=names.MIGRATE_KV)
+    async def migrate_kv(self, request: MigrateRequest) -> int:
+        """Move the trajectory's cached KV from `source` to `target`, taking the transfer
+        time of the cost model (scaled); returns the tokens moved (0 if none were cached)."""
+        pool = self.host.pool
+        if pool is None or request.source not in pool.engines:
+            return 0
+        tokens = pool[request.source].core.drop_prefix(request.trajectory_id)
+        if not tokens or request.target not in pool.engines:
+            return 0
+        cost = pool.shape.cost(pool.tps[request.source])
+        await asyncio.sleep(cost.migration_s(tokens) * self.host.time_scale)
+        pool[request.target].core.put_prefix(request.trajectory_id, tokens)
+        return tokens
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

@@ -24,7 +24,7 @@ from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
 from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
 from heddle.workloads import generate
-from scheduler.registry import live_policy_names, policy_names
+from scheduler.registry import PLANS_SPLIT, live_policy_names
 from workflows.batch import RolloutBatchWorkflow
 from workflows.control import ClusterControlWorkflow
 
@@ -38,11 +38,6 @@ def new_batch_id() -> str:
 def validate_options(options: RolloutOptions) -> None:
     """Reject bad options before anything is written or started."""
     if options.policy not in live_policy_names():
-        if options.policy in policy_names():
-            raise ValueError(
-                f"policy {options.policy!r} runs in the simulator only for now (heddle bench); "
-                f"live policies: {live_policy_names()}"
-            )
         raise ValueError(
             f"unknown policy {options.policy!r}; valid policies: {live_policy_names()}"
         )
@@ -123,6 +118,13 @@ class HeddleClient:
         batch: list[TraceRecord] = records or []
         options = replace(options or RolloutOptions(), queue_prefix=self.queue_prefix)
         validate_options(options)
+        options = replace(options, plans_split=options.policy in PLANS_SPLIT)
+        learns = options.plans_split and not options.policy.endswith("-oracle")
+        if learns and not await asyncio.to_thread(self.store.list_batches, 1):
+            raise ValueError(
+                f"policy {options.policy!r} learns from an earlier batch in the store: "
+                "roll one out first (with any policy)"
+            )
         batch_id = batch_id or new_batch_id()
         await asyncio.to_thread(
             lambda: self.store.create_batch(

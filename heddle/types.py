@@ -54,6 +54,9 @@ class RolloutOptions:
     queue_prefix: str = ""
     # Retries of a single LLM step or tool call before the trajectory is marked failed.
     max_attempts: int = 5
+    # The policy plans the batch and the cluster's split before the first step (Heddle);
+    # set by the client from the registry.
+    plans_split: bool = False
 
 
 @dataclass
@@ -105,6 +108,7 @@ class DecideRequest:
     # "tool:size-bin:status" per call so far, and the last few turns' output lengths.
     tool_path: list[str] = field(default_factory=list)
     recent_output_tokens: list[int] = field(default_factory=list)
+    batch_id: str = ""
 
 
 @dataclass
@@ -126,6 +130,7 @@ class TrajectoryDone:
     generated_tokens: int
     turns: int
     policy: str = "least_loaded"
+    batch_id: str = ""
 
 
 @dataclass
@@ -308,3 +313,18 @@ class ControlInput:
     queue_prefix: str = ""
     # Applied changes before the workflow continues as new (keeps its history short).
     changes_per_run: int = 50
+
+
+@dataclass
+class BatchPlanRequest:
+    batch_id: str
+    policy: str
+
+
+@dataclass
+class MigrateRequest:
+    """Move a trajectory's cached KV between instances (during its tool call)."""
+
+    trajectory_id: str
+    source: str
+    target: str

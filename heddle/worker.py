@@ -106,12 +106,18 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         ),
     ]
     if pool is not None:
-        control_acts = ControlActivities(host=host)
+        control_acts = ControlActivities(host=host, store=store)
         workers.append(
             Worker(
                 client,
                 task_queue=control_queue(prefix),
-                activities=[control_acts.wait_drained, control_acts.wait_started],
+                activities=[
+                    control_acts.wait_drained,
+                    control_acts.wait_started,
+                    control_acts.plan_batch,
+                    control_acts.apply_split,
+                    control_acts.migrate_kv,
+                ],
             )
         )
     if stop is None:

@@ -26,9 +26,9 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
 }
 
 
-# Policies that plan their own split (heterogeneous TP, batch-start planning) run in the
-# simulator; the live system gets them with the scheduler service of the next issue.
-SIMULATOR_ONLY = frozenset(name for name in POLICIES if name.startswith("heddle"))
+# Policies that plan the batch and the cluster's split before the first step: live, the
+# batch workflow asks the scheduler service to plan and the control workflow to reshape.
+PLANS_SPLIT = frozenset(name for name in POLICIES if name.startswith("heddle"))
 
 
 def policy_names() -> list[str]:
@@ -36,7 +36,7 @@ def policy_names() -> list[str]:
 
 
 def live_policy_names() -> list[str]:
-    return sorted(set(POLICIES) - SIMULATOR_ONLY)
+    return policy_names()
 
 
 def create_policy(name: str, ctx: PolicyContext | None = None) -> Policy:

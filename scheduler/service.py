@@ -17,8 +17,16 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from heddle.types import DecideRequest, Decision, StepReport, TrajectoryDone
+from heddle.types import (
+    DecideRequest,
+    Decision,
+    InstancePlan,
+    StepReport,
+    TrajectoryDone,
+    TrajectorySpec,
+)
 from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
+from scheduler.plan import initial_plan
 from scheduler.registry import create_policy
 
 PRIORITY_BUCKETS = 5
@@ -77,8 +85,11 @@ class SchedulerService:
         self.tps: dict[str, int] = {}
         self.in_flight: dict[str, int] = {}
         self._last_instance: dict[str, str] = {}
-        self._policies: dict[str, Policy] = {}
-        self._buckets: dict[str, PriorityBuckets] = {}
+        # Policies by (name, batch): "" for the shared one of a policy that plans nothing.
+        self._policies: dict[tuple[str, str], Policy] = {}
+        self._buckets: dict[tuple[str, str], PriorityBuckets] = {}
+        # A planned batch's instance ids: the policy's -> the cluster's.
+        self._live_ids: dict[tuple[str, str], dict[str, str]] = {}
         tps = tps or {}
         self.set_instances({i: tps.get(i, self.context.default_tp) for i in instance_ids})
 
@@ -90,33 +101,79 @@ class SchedulerService:
         for iid in self.instance_ids:
             self.in_flight.setdefault(iid, 0)
 
-    def _policy(self, name: str) -> Policy:
-        if name not in self._policies:
-            self._policies[name] = create_policy(name, self.context)
-            self._buckets[name] = PriorityBuckets()
-        return self._policies[name]
+    def _key(self, name: str, batch_id: str) -> tuple[str, str]:
+        key = (name, batch_id)
+        if key not in self._policies:
+            key = (name, "")
+            if key not in self._policies:
+                self._policies[key] = create_policy(name, self.context)
+                self._buckets[key] = PriorityBuckets()
+        return key
+
+    def plan_batch(
+        self,
+        name: str,
+        batch_id: str,
+        specs: Sequence[TrajectorySpec],
+        history: Sequence[TrajectorySpec],
+    ) -> list[InstancePlan]:
+        """Plan a batch before its first step (Heddle: forecast, TP split, groups); the
+        split comes back as the cluster's instances, under ids of this batch."""
+        ctx = replace(self.context, history=tuple(history), truth=tuple(specs))
+        policy = create_policy(name, ctx)
+        policy.on_batch_start(
+            [
+                StepEvent(
+                    s.trajectory_id,
+                    s.group_id,
+                    0,
+                    s.prompt_tokens,
+                    0,
+                    prompt_tokens=s.prompt_tokens,
+                )
+                for s in specs
+            ]
+        )
+        split = policy.split.instances(ctx.num_gpus)
+        tag = batch_id.rsplit("-", 1)[-1][:8]
+        live = {s.instance_id: f"{tag}-{s.instance_id}" for s in split}
+        key = (name, batch_id)
+        self._policies[key], self._buckets[key], self._live_ids[key] = (
+            policy, PriorityBuckets(), live)  # fmt: skip
+        plan = initial_plan(
+            [live[s.instance_id] for s in split], [s.tp for s in split], ctx.num_gpus,
+            ctx.tp_choices,
+        )  # fmt: skip
+        return plan.instances
 
     def decide(self, request: DecideRequest, now: float) -> Decision:
-        if not self.instance_ids:
+        key = self._key(request.policy, request.batch_id)
+        # The policy's instance ids -> the cluster's (identity unless the batch planned).
+        live = self._live_ids.get(key) or {i: i for i in self.instance_ids}
+        ours = {v: k for k, v in live.items()}
+        up = [i for i in live.values() if i in self.tps]
+        if not up:
             # The decide activity is retried: steps wait for the plan, not fail.
-            raise RuntimeError("no engine instance takes steps yet")
+            raise RuntimeError("no engine instance of this batch's plan takes steps yet")
         previous = self._last_instance.get(request.trajectory_id)
-        if previous not in self.tps:
-            previous = None  # its instance was retired: its KV went with it
-        event = step_event(request, previous)
+        # Its instance was retired (its KV went with it), or is not this batch's.
+        previous_ours = ours.get(previous) if previous in self.tps else None
+        event = step_event(request, previous_ours)
         sessions = Counter(self._last_instance.values())
         states = [
             InstanceState(
-                i,
+                ours[i],
                 num_in_flight=self.in_flight[i],
                 num_sessions=sessions[i],
-                tp=self.tps.get(i, self.context.default_tp),
+                tp=self.tps[i],
             )
-            for i in self.instance_ids
+            for i in up
         ]
-        decision = self._policy(request.policy).decide(event, states, now)
+        decision = self._policies[key].decide(event, states, now)
         decision = replace(
-            decision, priority_key=self._buckets[request.policy].key(decision.priority)
+            decision,
+            instance_id=live[decision.instance_id],
+            priority_key=self._buckets[key].key(decision.priority),
         )
         self.in_flight[decision.instance_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
@@ -128,6 +185,6 @@ class SchedulerService:
 
     def finished(self, done: TrajectoryDone) -> None:
         self._last_instance.pop(done.trajectory_id, None)
-        self._policy(done.policy).on_trajectory_done(
+        self._policies[self._key(done.policy, done.batch_id)].on_trajectory_done(
             done.trajectory_id, done.group_id, done.generated_tokens, done.turns
         )

@@ -108,9 +108,10 @@ def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None
     assert moved.reason == "rank_moved"
 
 
-def test_live_rollouts_refuse_simulator_only_policies() -> None:
-    with pytest.raises(ValueError, match="simulator only"):
-        validate_options(RolloutOptions(policy="heddle"))
+def test_live_rollouts_take_every_registered_policy_and_refuse_others() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'heddel'"):
+        validate_options(RolloutOptions(policy="heddel"))
+    validate_options(RolloutOptions(policy="heddle"))
     validate_options(RolloutOptions(policy="verl"))
 
 

@@ -11,7 +11,7 @@ from temporalio.client import Client
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
-from scheduler.registry import live_policy_names
+from scheduler.registry import PLANS_SPLIT, live_policy_names
 from tests.live import live_client
 
 
@@ -221,12 +221,17 @@ def test_in_flight_window_bounds_concurrent_trajectories(
 def test_every_live_policy_completes_a_batch(
     temporal_address: str, store_url: str, queue_prefix: str, policy: str
 ) -> None:
-    records = generate("math", prompts=1, samples=6, seed=4)
+    records = generate("math", prompts=1, samples=6, seed=4, iteration=1)
 
     async def run() -> None:
         async with live_client(
             temporal_address, store_url, queue_prefix, time_scale=0.02
         ) as client:
+            if policy in PLANS_SPLIT:
+                # Heddle plans from the batch before: roll out the earlier iteration first.
+                earlier = generate("math", prompts=1, samples=6, seed=4, iteration=0)
+                first = await client.start_rollout(records=earlier)
+                await asyncio.wait_for(first.report(), 120)
             handle = await client.start_rollout(
                 records=records, options=RolloutOptions(policy=policy)
             )
@@ -234,5 +239,79 @@ def test_every_live_policy_completes_a_batch(
             assert report.completed == 6
             assert report.policy == policy
             assert report.generated_tokens == sum(r.spec.generated_tokens for r in records)
+            if policy in PLANS_SPLIT:
+                # The cluster now runs the batch's planned split, and the steps ran there.
+                plan = await client.cluster_plan()
+                ids = {i.instance_id for i in plan.instances}
+                tag = handle.batch_id.rsplit("-", 1)[-1][:8]
+                assert all(i.startswith(f"{tag}-h") for i in ids)
+                assert sum(i.tp for i in plan.instances) == 4
+                for r in records:
+                    row = client.store.get_trajectory(handle.batch_id, r.spec.trajectory_id)
+                    assert row is not None
+                    assert {st["instance_id"] for st in row["steps"]} <= ids
+
+    asyncio.run(run())
+
+
+class _PingPong:
+    """Test placement: each step on the other instance of i0/i1, its KV migrated."""
+
+    def place(self, event, instances, now):  # type: ignore[no-untyped-def]
+        from heddle.types import Decision
+
+        target = f"i{event.step_index % 2}"
+        return Decision(target, reason="ping_pong", migrate=event.previous_instance is not None)
+
+    def on_step_done(self, event, instance_id, output_tokens) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    def on_trajectory_done(self, *args) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from scheduler.split import Homogeneous
+
+    monkeypatch.setitem(
+        registry.POLICIES,
+        "test-ping-pong",
+        lambda ctx: Policy("test-ping-pong", FirstComeFirstServed(), _PingPong(), Homogeneous(1)),
+    )
+    steps = (*(StepSpec(40, "python", 0.05, "ok", 30) for _ in range(3)), StepSpec(40))
+    records = [TraceRecord(TrajectorySpec(f"m{k}", "g", 200, steps, "coding")) for k in range(3)]
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
+            handle = await client.start_rollout(
+                records=records, options=RolloutOptions(policy="test-ping-pong")
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == 3
+            for r in records:
+                row = client.store.get_trajectory(handle.batch_id, r.spec.trajectory_id)
+                assert row is not None
+                assert [st["instance_id"] for st in row["steps"]] == ["i0", "i1", "i0", "i1"]
+                # After the first step every turn starts on an instance it has not run on
+                # just before, yet finds its whole earlier context there: the KV moved.
+                for st in row["steps"][1:]:
+                    assert st["cached_tokens"] >= st["context_tokens"] - 30 - 1
+                history = await client.temporal.get_workflow_handle(
+                    f"{handle.batch_id}/{r.spec.trajectory_id}"
+                ).fetch_history()
+                moves = [
+                    e for e in history.events
+                    if e.HasField("activity_task_scheduled_event_attributes")
+                    and e.activity_task_scheduled_event_attributes.activity_type.name
+                    == "migrate_kv"
+                ]  # fmt: skip
+                assert len(moves) == 3
 
     asyncio.run(run())

@@ -13,12 +13,14 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
     from heddle import search_attributes as sa
-    from heddle.queues import trajectories_queue
+    from heddle.queues import control_queue, trajectories_queue
     from heddle.stats import percentile
     from heddle.types import (
         BatchInput,
+        BatchPlanRequest,
         BatchReport,
         BatchStart,
+        InstancePlan,
         SpecPage,
         SpecPageRequest,
         TrajectoryInput,
@@ -57,6 +59,23 @@ class RolloutBatchWorkflow:
             retry_policy=policy.STORE_RETRY,
             result_type=BatchStart,
         )
+        if opts.plans_split:
+            # Heddle: the service plans the batch, the control workflow reshapes the
+            # cluster to the planned split; steps start once it runs.
+            split = await workflow.execute_activity(
+                names.PLAN_BATCH,
+                BatchPlanRequest(inp.batch_id, opts.policy),
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.PLAN_TIMEOUT,
+                result_type=list[InstancePlan],
+            )
+            await workflow.execute_activity(
+                names.APPLY_SPLIT,
+                split,
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.RESHAPE_TIMEOUT,
+                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
+            )
         started_at = workflow.now().timestamp()
         buffered: list[TrajectorySpec] = []
         offset = 0

@@ -13,6 +13,11 @@ GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 TOOL_TIMEOUT = timedelta(minutes=5)
 TOOL_HEARTBEAT = timedelta(seconds=10)
+# A batch plan (prediction, TP search, DP) and the reshape to its split (drain + restart).
+PLAN_TIMEOUT = timedelta(minutes=10)
+RESHAPE_TIMEOUT = timedelta(hours=2)
+RESHAPE_HEARTBEAT = timedelta(seconds=30)
+MIGRATE_TIMEOUT = timedelta(minutes=1)
 
 
 def retry(max_attempts: int) -> RetryPolicy:

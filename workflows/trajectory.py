@@ -9,12 +9,13 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
     from heddle import search_attributes as sa
-    from heddle.queues import engine_queue, tools_queue
+    from heddle.queues import control_queue, engine_queue, tools_queue
     from heddle.types import (
         DecideRequest,
         Decision,
         GenerateRequest,
         GenerateResult,
+        MigrateRequest,
         RewardRequest,
         StepRecord,
         StepReport,
@@ -82,10 +83,20 @@ class TrajectoryWorkflow:
                         last_tool_output_tokens=last_tool_output_tokens,
                         tool_path=tool_path,
                         recent_output_tokens=recent_outputs[-4:],
+                        batch_id=inp.batch_id,
                     ),
                     result_type=Decision,
                     start_to_close_timeout=policy.DECIDE_TIMEOUT,
                 )
+                if decision.migrate and self._instance and self._instance != decision.instance_id:
+                    # Its KV moves to the new instance instead of being recomputed there.
+                    await workflow.execute_activity(
+                        names.MIGRATE_KV,
+                        MigrateRequest(spec.trajectory_id, self._instance, decision.instance_id),
+                        task_queue=control_queue(opts.queue_prefix),
+                        start_to_close_timeout=policy.MIGRATE_TIMEOUT,
+                        retry_policy=policy.retry(opts.max_attempts),
+                    )
                 self._turn, self._instance = index + 1, decision.instance_id
                 workflow.upsert_search_attributes(
                     [
@@ -212,7 +223,12 @@ class TrajectoryWorkflow:
         await workflow.execute_local_activity(
             names.REPORT_DONE,
             TrajectoryDone(
-                spec.trajectory_id, spec.group_id, self._generated, self._turn, opts.policy
+                spec.trajectory_id,
+                spec.group_id,
+                self._generated,
+                self._turn,
+                opts.policy,
+                inp.batch_id,
             ),
             start_to_close_timeout=policy.DECIDE_TIMEOUT,
         )
