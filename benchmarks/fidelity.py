@@ -34,6 +34,7 @@ from heddle.stats import percentile
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
+from scheduler.registry import PLANS_SPLIT
 
 
 async def live_run(
@@ -42,8 +43,10 @@ async def live_run(
     policy: str,
     time_scale: float,
     workers: int = 1,
+    history: list[TraceRecord] | None = None,
 ) -> tuple[Any, list[Any]]:
-    """One rollout on a fresh embedded stack; its report and the trajectories' histories."""
+    """One rollout on a fresh embedded stack; its report and the trajectories' histories.
+    A policy that learns first sees `history` rolled out on the same stack."""
     with tempfile.TemporaryDirectory(prefix="heddle-fidelity-") as state:
         stack = EmbeddedStack(
             state_dir=Path(state),
@@ -57,6 +60,8 @@ async def live_run(
         try:
             client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
             async with client:
+                if history:
+                    await (await client.start_rollout(records=history)).report()
                 handle = await client.start_rollout(
                     records=records, options=RolloutOptions(policy=policy)
                 )
@@ -105,18 +110,25 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--wall", type=float, default=120.0, help="target live seconds")
-    parser.add_argument("--policy", action="append", help="default: verl and least_loaded")
-    parser.add_argument("--workers", type=int, action="append", help="ceiling runs (1 and 2)")
+    parser.add_argument("--policy", action="append", help="default: verl, least_loaded, heddle")
+    parser.add_argument(
+        "--workers", type=int, action="append", help="ceiling runs (default 1 and 2; 0: none)"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity.json"))
     args = parser.parse_args()
     cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_tp=1)
     records = generate("coding", prompts=args.prompts, samples=16, seed=0, iteration=1)
+    earlier = generate("coding", prompts=args.prompts, samples=16, seed=0, iteration=0)
     trace = [r.spec for r in records]
     out: dict[str, Any] = {"command": " ".join(sys.argv), "policies": {}, "ceiling": {}}
-    for policy in args.policy or ["verl", "least_loaded"]:
-        sim = run_bench(trace, cluster, [policy]).results[policy]
+    for policy in args.policy or ["verl", "least_loaded", "heddle"]:
+        learns = policy in PLANS_SPLIT
+        history = [r.spec for r in earlier] if learns else []
+        sim = run_bench(trace, cluster, [policy], history=history).results[policy]
         scale = args.wall / sim.makespan_s
-        report, histories = await live_run(records, cluster, policy, scale)
+        report, histories = await live_run(
+            records, cluster, policy, scale, history=earlier if learns else None
+        )
         row = {
             "sim_makespan_s": sim.makespan_s,
             "live_makespan_s": report.makespan_s,
@@ -128,8 +140,8 @@ async def main() -> None:
         }
         out["policies"][policy] = row
         print(f"{policy}: {json.dumps(row)}", flush=True)
-    for workers in args.workers or [1, 2]:
-        tiny = tiny_trace(200, 10)
+    for workers in [w for w in args.workers or [1, 2] if w > 0]:
+        tiny = tiny_trace(100, 10)
         started = time.perf_counter()
         report, _ = await live_run(tiny, cluster, "least_loaded", 1e-4, workers=workers)
         wall = time.perf_counter() - started
