@@ -11,7 +11,8 @@ waiting in its queue for a worker poll) and the activity's round trip beyond the
 engine's own time, p50 and p99, in wall milliseconds. Then the ceiling: a trace of tiny
 steps with no tool waits, run as fast as the stack goes, gives the steps per second one
 worker process sustains (`--workers` processes share the workflows and tools; one hosts
-the engines).
+the engines), with the dev server's state in a file (the embedded stack's default) and
+in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import asyncio
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ async def live_run(
     time_scale: float,
     workers: int = 1,
     history: list[TraceRecord] | None = None,
+    persist: bool = True,
 ) -> tuple[Any, list[Any]]:
     """One rollout on a fresh embedded stack; its report and the trajectories' histories.
     A policy that learns first sees `history` rolled out on the same stack."""
@@ -55,6 +56,7 @@ async def live_run(
             headless=True,
             port=free_port(),
             num_workers=workers,
+            persist=persist,
         )
         await stack.start()
         try:
@@ -141,15 +143,17 @@ async def main() -> None:
         out["policies"][policy] = row
         print(f"{policy}: {json.dumps(row)}", flush=True)
     for workers in [w for w in args.workers or [1, 2] if w > 0]:
-        tiny = tiny_trace(100, 10)
-        started = time.perf_counter()
-        report, _ = await live_run(tiny, cluster, "least_loaded", 1e-4, workers=workers)
-        wall = time.perf_counter() - started
-        steps = sum(len(r.spec.steps) for r in tiny)
-        row = {"steps": steps, "batch_wall_s": report.wall_s,
-               "steps_per_s": steps / report.wall_s, "with_startup_s": wall}  # fmt: skip
-        out["ceiling"][str(workers)] = row
-        print(f"ceiling, {workers} worker process(es): {json.dumps(row)}", flush=True)
+        for persist in (True, False):
+            tiny = tiny_trace(100, 10)
+            report, _ = await live_run(
+                tiny, cluster, "least_loaded", 1e-4, workers=workers, persist=persist
+            )
+            steps = sum(len(r.spec.steps) for r in tiny)
+            server = "file" if persist else "memory"
+            row = {"steps": steps, "batch_wall_s": report.wall_s,
+                   "steps_per_s": steps / report.wall_s}  # fmt: skip
+            out["ceiling"][f"{workers} worker(s), server state in {server}"] = row
+            print(f"ceiling, {workers} worker(s), {server}: {json.dumps(row)}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

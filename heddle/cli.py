@@ -418,6 +418,16 @@ def _running_address(address: str | None, state_dir: Path) -> str:
     raise _fail(f"no running stack in {state_dir}: start one (heddle dev) or give --address")
 
 
+async def _running_client(address: str | None, state_dir: Path, queue_prefix: str) -> Any:
+    from heddle.client import HeddleClient
+
+    return await HeddleClient.connect(
+        _running_address(address, state_dir),
+        store_url=_store_url(None, state_dir),
+        queue_prefix=queue_prefix,
+    )
+
+
 def _plan_table(plan: Any) -> Table:
     table = Table("instance", "TP", "GPUs", "state", title=f"cluster plan v{plan.version}")
     for i in plan.instances:
@@ -432,14 +442,9 @@ def cluster_plan(
     state_dir: StateDir = Path(".heddle"),
 ) -> None:
     """Show the engine instances the cluster runs now."""
-    from heddle.client import HeddleClient
 
     async def run() -> None:
-        client = await HeddleClient.connect(
-            _running_address(address, state_dir),
-            store_url=_store_url(None, state_dir),
-            queue_prefix=queue_prefix,
-        )
+        client = await _running_client(address, state_dir, queue_prefix)
         async with client:
             console.print(_plan_table(await client.cluster_plan()))
 
@@ -459,7 +464,6 @@ def cluster_reshape(
     retired ones drained, the new ones up). A change that does not fit is refused."""
     from temporalio.client import WorkflowUpdateFailedError
 
-    from heddle.client import HeddleClient
     from heddle.types import InstancePlan, PlanChange
 
     try:
@@ -471,11 +475,7 @@ def cluster_reshape(
         raise _fail(f"--create takes ID:TP:FIRST_GPU, got {create}") from None
 
     async def run() -> None:
-        client = await HeddleClient.connect(
-            _running_address(address, state_dir),
-            store_url=_store_url(None, state_dir),
-            queue_prefix=queue_prefix,
-        )
+        client = await _running_client(address, state_dir, queue_prefix)
         async with client:
             try:
                 plan = await client.reshape(PlanChange(list(retire), created, reason))

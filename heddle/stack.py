@@ -126,6 +126,7 @@ class EmbeddedStack:
     queue_prefix: str = ""
     store_url: str = ""
     num_workers: int = 1
+    persist: bool = True
     server: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _engine_host: subprocess.Popen[bytes] | None = None
@@ -151,9 +152,11 @@ class EmbeddedStack:
                 f"Use `heddle rollout --address 127.0.0.1:{self.port}` or another --port"
             )
         upgrade(self.store_url)
+        # Server state in a SQLite file survives restarts; in memory it is about 4x faster
+        # (ENVIRONMENT.md) and goes with the process (benchmarks of the orchestration).
+        db = ["--db-filename", str(self.state_dir / "temporal.db")] if self.persist else []
         argv = [
-            temporal_binary(), "server", "start-dev",
-            "--db-filename", str(self.state_dir / "temporal.db"),
+            temporal_binary(), "server", "start-dev", *db,
             "--ip", "127.0.0.1", "--port", str(self.port),
             "--log-level", "error", "--log-format", "json",
             *search_attributes.dev_server_flags(),

@@ -48,6 +48,10 @@ class HeddlePlanner:
     remaining: dict[str, float] = field(default_factory=dict)
     _key: dict[str, float] = field(default_factory=dict)
     _context: dict[str, float] = field(default_factory=dict)
+    # Predicted remaining work booked per instance, and where each trajectory is booked.
+    _work: dict[str, float] = field(default_factory=dict)
+    _where: dict[str, str] = field(default_factory=dict)
+    _booked: dict[str, float] = field(default_factory=dict)
     _active: list[tuple[float, str]] = field(default_factory=list)
     tps: tuple[int, ...] = ()
     sizes: tuple[int, ...] = ()
@@ -97,10 +101,29 @@ class HeddlePlanner:
         bisect.insort(self._active, (-key, tid))
         return value
 
+    def work_on(self, instance_id: str, excluding: str = "") -> float:
+        """Predicted remaining tokens of the trajectories placed on an instance."""
+        work = self._work.get(instance_id, 0.0)
+        if self._where.get(excluding) == instance_id:
+            work -= self.remaining.get(excluding, 0.0)
+        return work
+
+    def book(self, tid: str, instance_id: str) -> None:
+        """Book a trajectory's predicted remaining work on the instance it runs on."""
+        old = self._where.get(tid)
+        if old is not None:
+            self._work[old] -= self._booked.pop(tid, 0.0)
+        self._where[tid] = instance_id
+        self._booked[tid] = self.remaining.get(tid, 0.0)
+        self._work[instance_id] = self._work.get(instance_id, 0.0) + self._booked[tid]
+
     def rank(self, tid: str) -> int:
         return bisect.bisect_left(self._active, (-self._key[tid], tid))
 
     def finished(self, tid: str, group_id: str, generated_tokens: int) -> None:
+        booked_on = self._where.pop(tid, None)
+        if booked_on is not None:
+            self._work[booked_on] -= self._booked.pop(tid, 0.0)
         self.remaining.pop(tid, None)
         self._context.pop(tid, None)
         old = self._key.pop(tid, None)
@@ -274,20 +297,52 @@ class HeddlePlacement:
         self.planner.on_batch_start(events)
 
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        remaining = self.planner.update(event)
+        decision = self._decide(event, instances, remaining)
+        self.planner.book(event.trajectory_id, decision.instance_id)
+        return decision
+
+    def _least_work_of_width(
+        self, target: str, instances: Sequence[InstanceState], event: StepEvent, remaining: float
+    ) -> str:
+        """Instances of one width are interchangeable: the rank names the width, the
+        predicted work already booked picks the instance (pull-style balance, as per-step
+        least-loaded gets). The trajectory stays where it is (its KV is there) unless
+        moving evens out the work."""
+        planner, tid, prev = self.planner, event.trajectory_id, event.previous_instance
+        by_id = {s.instance_id: s for s in instances}
+        width = by_id[target].tp
+        best = min(
+            (s.instance_id for s in instances if s.tp == width),
+            key=lambda i: (planner.work_on(i, excluding=tid), i != prev),
+        )
+        if (
+            prev in by_id
+            and by_id[prev].tp == width
+            and planner.work_on(prev, excluding=tid)
+            <= planner.work_on(best, excluding=tid) + remaining
+        ):
+            return prev
+        return best
+
+    def _decide(
+        self, event: StepEvent, instances: Sequence[InstanceState], remaining: float
+    ) -> Decision:
         planner = self.planner
-        remaining = planner.update(event)
         prev = event.previous_instance
         if not self.use_dp:
             best = least_loaded(instances, prev)
             return Decision(best.instance_id, reason="least_loaded")
         target, share = planner.target(planner.rank(event.trajectory_id))
+        by_id = {s.instance_id: s for s in instances}
+        if target in by_id:
+            target = self._least_work_of_width(target, instances, event, remaining)
         if prev is None:
             return Decision(target, reason="dp_rank")
         if target == prev:
             return Decision(prev, reason="rank_kept")
         if not self.migrate or remaining < MIN_MIGRATE_TOKENS:
             return Decision(prev, reason="stay")
-        by_id = {s.instance_id: s for s in instances}
         src, dst = by_id.get(prev), by_id.get(target)
         if (
             src is not None
