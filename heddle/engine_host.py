@@ -137,6 +137,9 @@ class EngineHost:
             )
             self._workers[instance_id] = (worker, asyncio.create_task(worker.run()))
             log.info("engine instance %s up at TP %d", instance_id, tp)
+        except Exception:
+            # The next reconcile tries again; the plan keeps naming the instance.
+            log.exception("engine instance %s (TP %d) failed to start", instance_id, tp)
         finally:
             self._starting.pop(instance_id, None)
 

@@ -8,6 +8,9 @@ from temporalio.common import RetryPolicy
 
 STORE_TIMEOUT = timedelta(seconds=30)
 DECIDE_TIMEOUT = timedelta(seconds=10)
+# A decide keeps being retried while no engine instance takes steps (a plan starting);
+# past this the trajectory fails with the reason rather than wait for ever.
+DECIDE_GIVE_UP = timedelta(minutes=15)
 # A step may wait long in an engine's queue behind others; progress is heartbeated.
 GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=10)

@@ -87,6 +87,7 @@ class TrajectoryWorkflow:
                     ),
                     result_type=Decision,
                     start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                    schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
                 )
                 if decision.migrate and self._instance and self._instance != decision.instance_id:
                     # Its KV moves to the new instance instead of being recomputed there.
