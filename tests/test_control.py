@@ -51,8 +51,8 @@ def test_a_change_must_start_instances_on_exactly_the_gpus_it_frees() -> None:
     assert active_instances(after) == {"i0": 1, "i1": 1, "w0": 2}
 
 
-def _records(n: int) -> list[TraceRecord]:
-    steps = (*(StepSpec(60, "python", 0.4, "ok", 20) for _ in range(5)), StepSpec(60))
+def _records(n: int, tool_s: float = 0.4) -> list[TraceRecord]:
+    steps = (*(StepSpec(60, "python", tool_s, "ok", 20) for _ in range(5)), StepSpec(60))
     return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k // 4}", 100, steps, "coding"))
             for k in range(n)]  # fmt: skip
 
@@ -60,7 +60,8 @@ def _records(n: int) -> list[TraceRecord]:
 def test_a_reshape_during_a_rollout_loses_and_duplicates_nothing(
     temporal_address: str, store_url: str, queue_prefix: str
 ) -> None:
-    records = _records(16)
+    # Tools of 30 s (1.5 s wall): the batch outlasts the reshape (drain + restart).
+    records = _records(16, tool_s=30.0)
 
     async def run() -> None:
         async with live_client(temporal_address, store_url, queue_prefix, time_scale=0.05) as c:
@@ -73,6 +74,8 @@ def test_a_reshape_during_a_rollout_loses_and_duplicates_nothing(
             handle = await c.start_rollout(records=records, options=RolloutOptions())
             await asyncio.sleep(1.0)  # the batch is under way
             reshaped = await c.reshape(TWO_FROM_TWO)
+            progress = await handle.progress()
+            assert progress["completed"] < 16, "the reshape ran while the batch was running"
             assert [(i.instance_id, i.tp, i.state) for i in reshaped.instances] == [
                 ("i0", 1, "active"), ("i1", 1, "active"), ("w0", 2, "active")]  # fmt: skip
             report = await asyncio.wait_for(handle.report(), 180)
