@@ -64,4 +64,5 @@ class EngineActivities:
             finished_at=result.finished_at,
             attempt=info.attempt,
             resumed_tokens=resumed,
+            moved_to=result.moved_to,
         )

@@ -33,6 +33,7 @@ class EngineResult:
     queued_s: float
     started_at: float
     finished_at: float
+    moved_to: str = ""  # stopped mid-decode to continue on another instance
 
 
 class _Pending:
@@ -101,6 +102,37 @@ class SimulatedEngine:
         except asyncio.CancelledError:
             self.abort(request.request_id)
             raise
+
+    def running_decodes(self) -> list[EngineRequest]:
+        """Requests generating now (past their prefill): what a mid-step review sees."""
+        return [r for r in self.core.running if not r.is_prefilling]
+
+    def stop_to_move(self, request_id: str, target: str) -> bool:
+        """End a running request now, as made so far, to continue on `target`; its KV
+        stays here as a cached prefix for the move. False if it is no longer running."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return False
+        request = pending.request
+        if request not in self.core.running or request.is_finished:
+            return False
+        made = request.num_output_tokens
+        self.core.abort(request_id)
+        del self._pending[request_id]
+        if not pending.future.done():
+            now = time.time()
+            pending.future.set_result(
+                EngineResult(
+                    request_id=request_id,
+                    output_tokens=made,
+                    cached_tokens=request.num_cached_tokens,
+                    queued_s=max(0.0, pending.started_at - pending.added_at),
+                    started_at=pending.started_at,
+                    finished_at=now,
+                    moved_to=target,
+                )
+            )
+        return True
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from datetime import timedelta
 
 from temporalio.client import Client, WorkflowHandle
@@ -22,6 +23,7 @@ from activities.engine import EngineActivities
 from engines.pool import EnginePool
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
 from heddle.types import ClusterPlan, ControlInput
+from scheduler.interface import REVIEW_EVERY_S
 from scheduler.plan import active_instances
 from scheduler.service import SchedulerService
 from workflows.control import ClusterControlWorkflow
@@ -90,6 +92,30 @@ class EngineHost:
         if self.pool is None or instance_id not in self.pool.engines:
             return 0
         return self.pool[instance_id].load
+
+    async def review(self) -> None:
+        """Show the scheduler the decodes in progress every `REVIEW_EVERY_S` (scaled) and
+        stop the ones it moves; each continues on its new instance (the trajectory
+        workflow moves the KV and resumes the step from the tokens made)."""
+        while True:
+            await asyncio.sleep(REVIEW_EVERY_S * self.time_scale)
+            if self.pool is None:
+                continue
+            running = {
+                r.prefix_key: (iid, r.request_id, r.context_tokens + r.num_output_tokens)
+                for iid, engine in self.pool.engines.items()
+                for r in engine.running_decodes()
+            }
+            try:
+                moves = self.service.review(
+                    [(iid, tid, ctx) for tid, (iid, _, ctx) in running.items()], time.time()
+                )
+            except Exception:
+                log.exception("mid-step review failed")
+                continue
+            for tid, source, target in moves:
+                if source in self.pool.engines:
+                    self.pool[source].stop_to_move(running[tid][1], target)
 
     async def follow(self, handle: WorkflowHandle[ClusterControlWorkflow, None]) -> None:
         """Reconcile with the plan until cancelled; a failed query is retried."""

@@ -155,6 +155,9 @@ class GenerateResult:
     finished_at: float = 0.0
     attempt: int = 1
     resumed_tokens: int = 0
+    # The step was stopped mid-decode to continue on this instance (its KV moves there);
+    # `output_tokens` is what it made here.
+    moved_to: str = ""
 
 
 @dataclass

@@ -140,11 +140,13 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     )
     control = await ensure_control_workflow(client, initial, prefix)
     runs.append(asyncio.create_task(host.follow(control)))
+    runs.append(asyncio.create_task(host.review()))
     waiter = asyncio.create_task(stop.wait())
     try:
         # A worker that dies (e.g. the server went away) ends the process too.
         done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
-        runs[-1].cancel()
+        for task in runs[-2:]:
+            task.cancel()
         await host.close()
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         for task in done:

@@ -380,6 +380,7 @@ class HeddlePlacement:
             if dst.num_in_flight > share + BUSY_SLACK:
                 continue
             moves[tid] = Decision(target, reason="outgrew_instance", migrate=True)
+            planner.book(tid, target)
         return moves
 
     def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:

@@ -83,6 +83,12 @@ class Placement(Protocol):
     ) -> None: ...
 
 
+# How often running decodes are shown to a reviewing placement (simulated seconds; live:
+# scaled like the engines), and the fewest tokens a step must have made in its turn.
+REVIEW_EVERY_S = 5.0
+REVIEW_MIN_TOKENS = 2048
+
+
 class Reviewer(Protocol):
     """A placement that re-examines steps in the middle of long decodes and may move one
     to another instance (its KV transferred, generation resumed from the tokens made)."""

@@ -25,7 +25,13 @@ from heddle.types import (
     TrajectoryDone,
     TrajectorySpec,
 )
-from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
+from scheduler.interface import (
+    REVIEW_MIN_TOKENS,
+    InstanceState,
+    Policy,
+    PolicyContext,
+    StepEvent,
+)
 from scheduler.plan import initial_plan
 from scheduler.registry import create_policy
 
@@ -90,6 +96,8 @@ class SchedulerService:
         self._buckets: dict[tuple[str, str], PriorityBuckets] = {}
         # A planned batch's instance ids: the policy's -> the cluster's.
         self._live_ids: dict[tuple[str, str], dict[str, str]] = {}
+        # Each trajectory's latest decide request: what a mid-step review starts from.
+        self._last_request: dict[str, DecideRequest] = {}
         tps = tps or {}
         self.set_instances({i: tps.get(i, self.context.default_tp) for i in instance_ids})
 
@@ -146,30 +154,33 @@ class SchedulerService:
         )  # fmt: skip
         return plan.instances
 
-    def decide(self, request: DecideRequest, now: float) -> Decision:
-        key = self._key(request.policy, request.batch_id)
-        # The policy's instance ids -> the cluster's (identity unless the batch planned).
+    def _view(
+        self, key: tuple[str, str]
+    ) -> tuple[dict[str, str], dict[str, str], list[InstanceState]]:
+        """The policy's ids -> the cluster's (identity unless the batch planned), the
+        reverse, and the policy's view of the instances that take steps."""
         live = self._live_ids.get(key) or {i: i for i in self.instance_ids}
         ours = {v: k for k, v in live.items()}
-        up = [i for i in live.values() if i in self.tps]
-        if not up:
+        sessions = Counter(self._last_instance.values())
+        states = [
+            InstanceState(
+                ours[i], num_in_flight=self.in_flight[i], num_sessions=sessions[i], tp=self.tps[i]
+            )
+            for i in live.values()
+            if i in self.tps
+        ]
+        return live, ours, states
+
+    def decide(self, request: DecideRequest, now: float) -> Decision:
+        key = self._key(request.policy, request.batch_id)
+        live, ours, states = self._view(key)
+        if not states:
             # The decide activity is retried: steps wait for the plan, not fail.
             raise RuntimeError("no engine instance of this batch's plan takes steps yet")
         previous = self._last_instance.get(request.trajectory_id)
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
-        event = step_event(request, previous_ours)
-        sessions = Counter(self._last_instance.values())
-        states = [
-            InstanceState(
-                ours[i],
-                num_in_flight=self.in_flight[i],
-                num_sessions=sessions[i],
-                tp=self.tps[i],
-            )
-            for i in up
-        ]
-        decision = self._policies[key].decide(event, states, now)
+        decision = self._policies[key].decide(step_event(request, previous_ours), states, now)
         decision = replace(
             decision,
             instance_id=live[decision.instance_id],
@@ -177,7 +188,47 @@ class SchedulerService:
         )
         self.in_flight[decision.instance_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
+        self._last_request[request.trajectory_id] = request
         return decision
+
+    def review(
+        self, running: Sequence[tuple[str, str, int]], now: float
+    ) -> list[tuple[str, str, str]]:
+        """Mid-step moves, as in the simulator: `running` holds (instance, trajectory,
+        context now) for each decode in progress; a reviewing policy may move one that
+        has made `REVIEW_MIN_TOKENS` in its turn. Returns (trajectory, from, to)."""
+        shown: dict[tuple[str, str], list[tuple[StepEvent, str]]] = {}
+        for instance_id, tid, context in running:
+            request = self._last_request.get(tid)
+            if request is None:
+                continue
+            made = context - request.context_tokens
+            if made < REVIEW_MIN_TOKENS:
+                continue
+            key = self._key(request.policy, request.batch_id)
+            if not self._policies[key].reviews:
+                continue
+            ours = {v: k for k, v in (self._live_ids.get(key) or {}).items()}
+            moved = replace(
+                request,
+                context_tokens=request.context_tokens + made,
+                generated_tokens=request.generated_tokens + made,
+            )
+            event = step_event(moved, ours.get(instance_id, instance_id))
+            shown.setdefault(key, []).append((event, instance_id))
+        moves = []
+        for key, items in shown.items():
+            live, _, states = self._view(key)
+            decisions = self._policies[key].review([e for e, _ in items], states, now)
+            source = {e.trajectory_id: i for e, i in items}
+            for tid, decision in decisions.items():
+                target = live[decision.instance_id]
+                if target == source[tid]:
+                    continue
+                self.in_flight[target] += 1  # the continued step reports there
+                self._last_instance[tid] = target
+                moves.append((tid, source[tid], target))
+        return moves
 
     def report(self, report: StepReport) -> None:
         if self.in_flight.get(report.instance_id, 0) > 0:
@@ -185,6 +236,7 @@ class SchedulerService:
 
     def finished(self, done: TrajectoryDone) -> None:
         self._last_instance.pop(done.trajectory_id, None)
+        self._last_request.pop(done.trajectory_id, None)
         self._policies[self._key(done.policy, done.batch_id)].on_trajectory_done(
             done.trajectory_id, done.group_id, done.generated_tokens, done.turns
         )

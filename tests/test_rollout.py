@@ -315,3 +315,66 @@ def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
                 assert len(moves) == 3
 
     asyncio.run(run())
+
+
+class _MoveLongDecodes(_PingPong):
+    """Test placement: every step on i0; a long decode in progress moves to i1."""
+
+    def place(self, event, instances, now):  # type: ignore[no-untyped-def]
+        from heddle.types import Decision
+
+        return Decision("i0", reason="fixed")
+
+    def review(self, events, instances, now):  # type: ignore[no-untyped-def]
+        from heddle.types import Decision
+
+        return {e.trajectory_id: Decision("i1", reason="test") for e in events
+                if e.previous_instance == "i0"}  # fmt: skip
+
+
+def test_a_long_decode_moves_mid_step_and_makes_each_token_once(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from scheduler.split import Homogeneous
+
+    monkeypatch.setitem(
+        registry.POLICIES,
+        "test-move-long",
+        lambda ctx: Policy(
+            "test-move-long", FirstComeFirstServed(), _MoveLongDecodes(), Homogeneous(1)
+        ),
+    )
+    # 6,000 tokens at TP 1 take ~40 s of cluster time: reviewed every 5 s, shown once
+    # past 2,048 tokens, moved at the next review.
+    spec = TrajectorySpec("long", "g", 200, (StepSpec(6000),), "math")
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.05
+        ) as client:
+            handle = await client.start_rollout(
+                records=[TraceRecord(spec)], options=RolloutOptions(policy="test-move-long")
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == 1
+            assert report.generated_tokens == 6000
+            row = client.store.get_trajectory(handle.batch_id, "long")
+            assert row is not None
+            assert [(st["instance_id"], st["output_tokens"]) for st in row["steps"]] == [
+                ("i1", 6000)
+            ]
+            history = await client.temporal.get_workflow_handle(
+                f"{handle.batch_id}/long"
+            ).fetch_history()
+            kinds = [
+                e.activity_task_scheduled_event_attributes.activity_type.name
+                for e in history.events
+                if e.HasField("activity_task_scheduled_event_attributes")
+            ]
+            assert kinds.count("generate") == 2  # the part on i0, the rest on i1
+            assert kinds.count("migrate_kv") == 1
+
+    asyncio.run(run())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from temporalio import workflow
 from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
@@ -106,30 +108,7 @@ class TrajectoryWorkflow:
                         sa.GENERATED.value_set(self._generated),
                     ]
                 )
-                try:
-                    generated = await workflow.execute_activity(
-                        names.GENERATE,
-                        GenerateRequest(
-                            request_id=f"{inp.batch_id}/{spec.trajectory_id}/{index}",
-                            trajectory_id=spec.trajectory_id,
-                            step_index=index,
-                            context_tokens=context,
-                            max_new_tokens=new_tokens,
-                            priority=decision.priority,
-                        ),
-                        task_queue=engine_queue(decision.instance_id, opts.queue_prefix),
-                        priority=Priority(priority_key=decision.priority_key or None),
-                        start_to_close_timeout=policy.GENERATE_TIMEOUT,
-                        heartbeat_timeout=policy.GENERATE_HEARTBEAT,
-                        retry_policy=policy.retry(opts.max_attempts),
-                        result_type=GenerateResult,
-                    )
-                finally:
-                    await workflow.execute_local_activity(
-                        names.REPORT_STEP,
-                        StepReport(spec.trajectory_id, decision.instance_id, index, new_tokens),
-                        start_to_close_timeout=policy.DECIDE_TIMEOUT,
-                    )
+                generated = await self._generate(inp, index, context, new_tokens, decision)
                 self._generated += generated.output_tokens
                 context += generated.output_tokens
                 recent_outputs = [*recent_outputs[-3:], generated.output_tokens]
@@ -240,6 +219,62 @@ class TrajectoryWorkflow:
             f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
         )
         return summary
+
+    async def _generate(
+        self, inp: TrajectoryInput, index: int, context: int, new_tokens: int, decision: Decision
+    ) -> GenerateResult:
+        """One LLM step on the decided instance. If the scheduler stops it mid-decode to
+        move it (a long decode outgrew its instance), its KV moves and the step goes on
+        on the new instance from the tokens made; the result covers the whole step."""
+        opts, tid = inp.options, inp.spec.trajectory_id
+        instance, made = decision.instance_id, 0
+        first: GenerateResult | None = None
+        while True:
+            try:
+                part = await workflow.execute_activity(
+                    names.GENERATE,
+                    GenerateRequest(
+                        request_id=f"{inp.batch_id}/{tid}/{index}" + (f"+{made}" if made else ""),
+                        trajectory_id=tid,
+                        step_index=index,
+                        context_tokens=context + made,
+                        max_new_tokens=new_tokens - made,
+                        priority=decision.priority,
+                    ),
+                    task_queue=engine_queue(instance, opts.queue_prefix),
+                    priority=Priority(priority_key=decision.priority_key or None),
+                    start_to_close_timeout=policy.GENERATE_TIMEOUT,
+                    heartbeat_timeout=policy.GENERATE_HEARTBEAT,
+                    retry_policy=policy.retry(opts.max_attempts),
+                    result_type=GenerateResult,
+                )
+            finally:
+                await workflow.execute_local_activity(
+                    names.REPORT_STEP,
+                    StepReport(tid, instance, index, new_tokens - made),
+                    start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                )
+            first = first or part
+            made += part.output_tokens
+            if not part.moved_to or made >= new_tokens:
+                break
+            await workflow.execute_activity(
+                names.MIGRATE_KV,
+                MigrateRequest(tid, instance, part.moved_to),
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.MIGRATE_TIMEOUT,
+                retry_policy=policy.retry(opts.max_attempts),
+            )
+            instance = self._instance = part.moved_to
+        return dataclasses.replace(
+            part,
+            instance_id=instance,
+            output_tokens=made,
+            cached_tokens=first.cached_tokens,
+            queued_s=first.queued_s,
+            started_at=first.started_at,
+            resumed_tokens=first.resumed_tokens,
+        )
 
     async def _record(self, record: StepRecord) -> None:
         await workflow.execute_local_activity(

@@ -29,14 +29,17 @@ from engines.request import EngineRequest
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
 from heddle.types import Decision, TrajectorySpec
-from scheduler.interface import InstanceSpec, InstanceState, Policy, StepEvent
+from scheduler.interface import (
+    REVIEW_EVERY_S,
+    REVIEW_MIN_TOKENS,
+    InstanceSpec,
+    InstanceState,
+    Policy,
+    StepEvent,
+)
 from scheduler.libra import tool_state
 
 ARRIVE, SUBMIT, WAKE, READY, REVIEW = 0, 1, 2, 3, 4
-# How often running decodes are shown to a reviewing policy (live: the engine's progress
-# heartbeat), and the fewest tokens a step must have made in this turn to be shown.
-REVIEW_EVERY_S = 5.0
-REVIEW_MIN_TOKENS = 2048
 
 
 @dataclass
