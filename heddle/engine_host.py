@@ -22,7 +22,7 @@ from temporalio.worker import Worker
 from activities.engine import EngineActivities
 from engines.pool import EnginePool
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
-from heddle.types import ClusterPlan, ControlInput
+from heddle.types import ClusterPlan, ControlInput, InstancePlan, PlanChange
 from scheduler.interface import REVIEW_EVERY_S
 from scheduler.plan import active_instances
 from scheduler.service import SchedulerService
@@ -66,6 +66,11 @@ async def ensure_control_workflow(
     return handle
 
 
+def _log_failure(task: asyncio.Task[ClusterPlan]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a reshape during rollout was refused: %s", task.exception())
+
+
 class EngineHost:
     def __init__(
         self,
@@ -82,6 +87,7 @@ class EngineHost:
         self.time_scale = time_scale
         self._workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
+        self._reshaping: set[asyncio.Task[ClusterPlan]] = set()
         self.plan: ClusterPlan | None = None
 
     def is_up(self, instance_id: str) -> bool:
@@ -118,18 +124,42 @@ class EngineHost:
                     self.pool[source].stop_to_move(running[tid][1], target)
 
     async def follow(self, handle: WorkflowHandle[ClusterControlWorkflow, None]) -> None:
-        """Reconcile with the plan until cancelled; a failed query is retried."""
+        """Reconcile with the plan until cancelled; a failed query is retried. The
+        process that hosts the engines also asks the control workflow for the reshapes
+        the scheduler's policies want during rollout."""
         while True:
             try:
                 plan = await handle.query(
                     ClusterControlWorkflow.plan, rpc_timeout=timedelta(seconds=5)
                 )
                 await self.reconcile(plan)
+                if self.pool is not None:
+                    self._request_reshapes(handle, plan)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("could not follow the cluster plan: %s", exc)
             await asyncio.sleep(RECONCILE_EVERY_S)
+
+    def _request_reshapes(
+        self, handle: WorkflowHandle[ClusterControlWorkflow, None], plan: ClusterPlan
+    ) -> None:
+        first_gpu = {i.instance_id: i.first_gpu for i in plan.instances}
+        for retire, new_id, tp in self.service.reshapes(time.time()):
+            if not all(i in first_gpu for i in retire):
+                log.warning("reshape %s -> %s names instances not in the plan", retire, new_id)
+                continue
+            change = PlanChange(
+                retire,
+                [InstancePlan(new_id, tp, min(first_gpu[i] for i in retire))],
+                "merge idle instances for the tail",
+            )
+            task = asyncio.create_task(
+                handle.execute_update(ClusterControlWorkflow.reshape, change)
+            )
+            task.add_done_callback(_log_failure)
+            self._reshaping.add(task)
+            task.add_done_callback(self._reshaping.discard)
 
     async def reconcile(self, plan: ClusterPlan) -> None:
         self.plan = plan

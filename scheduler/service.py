@@ -27,6 +27,7 @@ from heddle.types import (
 )
 from scheduler.interface import (
     REVIEW_MIN_TOKENS,
+    InstanceSpec,
     InstanceState,
     Policy,
     PolicyContext,
@@ -103,11 +104,34 @@ class SchedulerService:
 
     def set_instances(self, tps: Mapping[str, int]) -> None:
         """The instances that take steps now (the cluster plan's active ones). Counts of
-        steps still running on an instance that left are kept until they report."""
+        steps still running on an instance that left are kept until they report. A
+        planning policy hears when an instance it asked for comes up."""
+        new = [i for i in tps if i not in self.tps]
         self.instance_ids = list(tps)
         self.tps = dict(tps)
         for iid in self.instance_ids:
             self.in_flight.setdefault(iid, 0)
+        for key, live in self._live_ids.items():
+            ours = {v: k for k, v in live.items()}
+            for iid in new:
+                if iid in ours:
+                    self._policies[key].on_instance_ready(InstanceSpec(ours[iid], tps[iid]))
+
+    def reshapes(self, now: float) -> list[tuple[list[str], str, int]]:
+        """Changes the planning policies want to the split during rollout (the
+        simulator's `Reshaper`), as (instances to retire, new instance, its TP) in the
+        cluster's ids."""
+        wanted = []
+        for key, live in self._live_ids.items():
+            _, _, states = self._view(key)
+            for change in self._policies[key].reshape(states, now):
+                tag = key[1].rsplit("-", 1)[-1][:8]
+                live[change.create.instance_id] = f"{tag}-{change.create.instance_id}"
+                wanted.append(
+                    ([live[i] for i in change.retire], live[change.create.instance_id],
+                     change.create.tp)
+                )  # fmt: skip
+        return wanted
 
     def _key(self, name: str, batch_id: str) -> tuple[str, str]:
         key = (name, batch_id)

@@ -181,3 +181,45 @@ def test_the_control_workflow_continues_as_new_with_its_plan(
             assert active_instances(plan) == {"i0": 1, "i1": 1, "w0": 2}
 
     asyncio.run(run())
+
+
+def test_a_policy_reshapes_the_cluster_during_its_rollout(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import heddle.client
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from tests.reshaping_policy import MergeIdlePair, OnMergedWhenUp
+
+    split = MergeIdlePair()
+    monkeypatch.setitem(
+        registry.POLICIES,
+        "test-merge",
+        lambda ctx: Policy("test-merge", FirstComeFirstServed(), OnMergedWhenUp(), split),
+    )
+    monkeypatch.setattr(heddle.client, "PLANS_SPLIT", registry.PLANS_SPLIT | {"test-merge"})
+    long = TrajectorySpec(
+        "long", "g", 100, (*(StepSpec(50, "python", 20.0, "ok", 10) for _ in range(6)),
+                           StepSpec(50)), "coding")  # fmt: skip
+
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix, time_scale=0.05) as c:
+            await (await c.start_rollout(records=_records(2))).report()  # a history
+            handle = await c.start_rollout(
+                records=[TraceRecord(long)], options=RolloutOptions(policy="test-merge")
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == 1
+            assert report.generated_tokens == long.generated_tokens
+            tag = handle.batch_id.rsplit("-", 1)[-1][:8]
+            plan = await c.cluster_plan()
+            assert active_instances(plan) == {f"{tag}-a": 1, f"{tag}-b": 1, f"{tag}-m": 2}
+            row = c.store.get_trajectory(handle.batch_id, "long")
+            assert row is not None
+            on = [st["instance_id"] for st in row["steps"]]
+            assert on[0] == f"{tag}-a"
+            assert on[-1] == f"{tag}-m"  # once up, the merged instance took the steps
+            assert split.ready[-1] == "m"  # told when its instance came up
+
+    asyncio.run(run())
