@@ -117,6 +117,10 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.plan_batch,
                     control_acts.apply_split,
                     control_acts.migrate_kv,
+                    # The scheduler calls of batches whose policy planned them.
+                    sched_acts.decide,
+                    sched_acts.report_step,
+                    sched_acts.report_done,
                 ],
             )
         )

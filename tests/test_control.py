@@ -134,7 +134,7 @@ def test_the_plan_outlives_a_worker_restart(
                 worker = worker_process(
                     temporal_address, store_url, queue_prefix, log, time_scale=0.02
                 )
-                plan = await client.cluster_plan()
+                plan = await _plan_when_up(client, timeout_s=60)  # the new worker answers
                 assert plan.version == 3  # drain, swap, activate
                 assert [i.instance_id for i in plan.instances] == ["i0", "i1", "w0"]
                 handle = await client.start_rollout(records=_records(8), options=RolloutOptions())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority
@@ -19,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         GenerateResult,
         MigrateRequest,
         RewardRequest,
+        RolloutOptions,
         StepRecord,
         StepReport,
         ToolRequest,
@@ -69,7 +71,8 @@ class TrajectoryWorkflow:
                     break
                 budget = opts.max_tokens - self._generated
                 new_tokens = min(step.output_tokens, budget)
-                decision = await workflow.execute_local_activity(
+                decision = await self._scheduler(
+                    opts,
                     names.DECIDE,
                     DecideRequest(
                         trajectory_id=spec.trajectory_id,
@@ -87,9 +90,7 @@ class TrajectoryWorkflow:
                         recent_output_tokens=recent_outputs[-4:],
                         batch_id=inp.batch_id,
                     ),
-                    result_type=Decision,
-                    start_to_close_timeout=policy.DECIDE_TIMEOUT,
-                    schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
+                    Decision,
                 )
                 if decision.migrate and self._instance and self._instance != decision.instance_id:
                     # Its KV moves to the new instance instead of being recomputed there.
@@ -200,7 +201,8 @@ class TrajectoryWorkflow:
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
         )
-        await workflow.execute_local_activity(
+        await self._scheduler(
+            opts,
             names.REPORT_DONE,
             TrajectoryDone(
                 spec.trajectory_id,
@@ -210,7 +212,6 @@ class TrajectoryWorkflow:
                 opts.policy,
                 inp.batch_id,
             ),
-            start_to_close_timeout=policy.DECIDE_TIMEOUT,
         )
         workflow.upsert_search_attributes(
             [sa.STATUS.value_set(status), sa.GENERATED.value_set(self._generated)]
@@ -249,10 +250,8 @@ class TrajectoryWorkflow:
                     result_type=GenerateResult,
                 )
             finally:
-                await workflow.execute_local_activity(
-                    names.REPORT_STEP,
-                    StepReport(tid, instance, index, new_tokens - made),
-                    start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                await self._scheduler(
+                    opts, names.REPORT_STEP, StepReport(tid, instance, index, new_tokens - made)
                 )
             first = first or part
             made += part.output_tokens
@@ -274,6 +273,29 @@ class TrajectoryWorkflow:
             queued_s=first.queued_s,
             started_at=first.started_at,
             resumed_tokens=first.resumed_tokens,
+        )
+
+    async def _scheduler(
+        self, opts: RolloutOptions, name: str, arg: Any, result_type: type | None = None
+    ) -> Any:
+        """A call to the scheduler service: a local activity (the service of this worker
+        process), or, for a policy that planned the batch, an activity on the engine
+        host's queue, whose service holds the plan whichever process runs this workflow."""
+        if opts.plans_split:
+            return await workflow.execute_activity(
+                name,
+                arg,
+                result_type=result_type,
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.DECIDE_TIMEOUT,
+                schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
+            )
+        return await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=policy.DECIDE_TIMEOUT,
+            schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
         )
 
     async def _record(self, record: StepRecord) -> None:
