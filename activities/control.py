@@ -63,12 +63,17 @@ class ControlActivities:
         plan = await handle.query(ClusterControlWorkflow.plan)
         now = sorted((i.instance_id, i.tp, i.first_gpu) for i in plan.instances)
         if now == sorted((i.instance_id, i.tp, i.first_gpu) for i in instances):
-            return
+            return  # already running (and offered: the plan was read by a reconcile)
         change = PlanChange(
             [i.instance_id for i in plan.instances], instances, "the batch's planned split"
         )
         async with heartbeating():
             await handle.execute_update(ClusterControlWorkflow.reshape, change)
+            # Return once this process's scheduler offers them: the batch's first decides
+            # would otherwise fail and back off until the next reconcile.
+            wanted = {i.instance_id for i in instances}
+            while not wanted <= set(self.host.service.tps):  # noqa: ASYNC110 (polls the host)
+                await asyncio.sleep(POLL_S)
 
     @activity.defn(name=names.MIGRATE_KV)
     async def migrate_kv(self, request: MigrateRequest) -> int:

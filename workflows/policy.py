@@ -11,6 +11,12 @@ DECIDE_TIMEOUT = timedelta(seconds=10)
 # A decide keeps being retried while no engine instance takes steps (a plan starting);
 # past this the trajectory fails with the reason rather than wait for ever.
 DECIDE_GIVE_UP = timedelta(minutes=15)
+# Retried soon: a decide that finds no instance is waiting for a plan that is seconds away.
+SCHEDULER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=100),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=1),
+)
 # A step may wait long in an engine's queue behind others; progress is heartbeated.
 GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=10)

@@ -289,6 +289,7 @@ class TrajectoryWorkflow:
                 task_queue=control_queue(opts.queue_prefix),
                 start_to_close_timeout=policy.DECIDE_TIMEOUT,
                 schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
+                retry_policy=policy.SCHEDULER_RETRY,
             )
         return await workflow.execute_local_activity(
             name,
@@ -296,6 +297,7 @@ class TrajectoryWorkflow:
             result_type=result_type,
             start_to_close_timeout=policy.DECIDE_TIMEOUT,
             schedule_to_close_timeout=policy.DECIDE_GIVE_UP,
+            retry_policy=policy.SCHEDULER_RETRY,
         )
 
     async def _record(self, record: StepRecord) -> None:
