@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from heddle.types import Decision
 from scheduler.interface import InstanceSpec, InstanceState, Reshape, StepEvent
+from scheduler.placement import LeastLoaded
 
 
 @dataclass
@@ -29,15 +30,7 @@ class MergeIdlePair:
         self.ready.append(spec.instance_id)
 
 
-class OnMergedWhenUp:
+class OnMergedWhenUp(LeastLoaded):
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         up = {s.instance_id for s in instances}
         return Decision("m" if "m" in up else "a", reason="test")
-
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
-        return None
-
-    def on_trajectory_done(
-        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
-    ) -> None:
-        return None

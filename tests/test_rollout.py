@@ -11,6 +11,7 @@ from temporalio.client import Client
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
+from scheduler.placement import LeastLoaded
 from scheduler.registry import PLANS_SPLIT, live_policy_names
 from tests.live import live_client
 
@@ -254,7 +255,7 @@ def test_every_live_policy_completes_a_batch(
     asyncio.run(run())
 
 
-class _PingPong:
+class _PingPong(LeastLoaded):
     """Test placement: each step on the other instance of i0/i1, its KV migrated."""
 
     def place(self, event, instances, now):  # type: ignore[no-untyped-def]
@@ -262,12 +263,6 @@ class _PingPong:
 
         target = f"i{event.step_index % 2}"
         return Decision(target, reason="ping_pong", migrate=event.previous_instance is not None)
-
-    def on_step_done(self, event, instance_id, output_tokens) -> None:  # type: ignore[no-untyped-def]
-        return None
-
-    def on_trajectory_done(self, *args) -> None:  # type: ignore[no-untyped-def]
-        return None
 
 
 def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
