@@ -24,7 +24,7 @@ from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
 from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
 from heddle.workloads import generate
-from scheduler.registry import PLANS_SPLIT, live_policy_names
+from scheduler.registry import PLANS_SPLIT, policy_names
 from workflows.batch import RolloutBatchWorkflow
 from workflows.control import ClusterControlWorkflow
 
@@ -37,10 +37,8 @@ def new_batch_id() -> str:
 
 def validate_options(options: RolloutOptions) -> None:
     """Reject bad options before anything is written or started."""
-    if options.policy not in live_policy_names():
-        raise ValueError(
-            f"unknown policy {options.policy!r}; valid policies: {live_policy_names()}"
-        )
+    if options.policy not in policy_names():
+        raise ValueError(f"unknown policy {options.policy!r}; valid policies: {policy_names()}")
     if options.tools not in TOOL_MODES:
         raise ValueError(f"tools must be one of {list(TOOL_MODES)}, got {options.tools!r}")
     for name in ("max_turns", "max_tokens", "max_in_flight", "max_attempts"):

@@ -35,10 +35,6 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-def live_policy_names() -> list[str]:
-    return policy_names()
-
-
 def create_policy(name: str, ctx: PolicyContext | None = None) -> Policy:
     try:
         factory = POLICIES[name]

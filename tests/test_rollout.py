@@ -12,7 +12,7 @@ from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.placement import LeastLoaded
-from scheduler.registry import PLANS_SPLIT, live_policy_names
+from scheduler.registry import PLANS_SPLIT, policy_names
 from tests.live import live_client
 
 
@@ -218,7 +218,7 @@ def test_in_flight_window_bounds_concurrent_trajectories(
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("policy", live_policy_names())
+@pytest.mark.parametrize("policy", policy_names())
 def test_every_live_policy_completes_a_batch(
     temporal_address: str, store_url: str, queue_prefix: str, policy: str
 ) -> None:
