@@ -19,6 +19,10 @@ class SchedulerActivities:
     async def decide(self, request: DecideRequest) -> Decision:
         return self.service.decide(request, time.time())
 
+    @activity.defn(name=names.ANTICIPATE)
+    async def anticipate(self, request: DecideRequest) -> Decision | None:
+        return self.service.anticipate(request, time.time())
+
     @activity.defn(name=names.REPORT_STEP)
     async def report_step(self, report: StepReport) -> None:
         self.service.report(report)

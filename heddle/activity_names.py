@@ -5,6 +5,7 @@ SQLAlchemy, engines or tools) into the deterministic sandbox."""
 from __future__ import annotations
 
 DECIDE = "decide"
+ANTICIPATE = "anticipate"
 REPORT_STEP = "report_step"
 REPORT_DONE = "report_done"
 GENERATE = "generate"

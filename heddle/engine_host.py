@@ -166,6 +166,7 @@ class EngineHost:
         self.service.set_instances(active_instances(plan))
         if self.pool is None:
             return
+        self.service.observe_loads({iid: self.load(iid) for iid in self._workers})
         wanted = {i.instance_id: i for i in plan.instances}
         for iid in [i for i in self._workers if i not in wanted]:
             await self._stop(iid)

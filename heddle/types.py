@@ -87,6 +87,9 @@ class Decision:
     # Temporal task-queue priority of the step's activity, 1 (first) to 5; 0 leaves the
     # server's default. The engine orders its own queue by `priority`.
     priority_key: int = 0
+    # The policy may move the trajectory when it re-predicts at the end of the step: the
+    # workflow asks it (`anticipate`) while the step's tool call runs.
+    anticipate: bool = False
 
 
 @dataclass

@@ -92,6 +92,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 store_acts.finish_trajectory,
                 store_acts.finish_batch,
                 sched_acts.decide,
+                sched_acts.anticipate,
                 sched_acts.report_step,
                 sched_acts.report_done,
             ],
@@ -119,6 +120,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.migrate_kv,
                     # The scheduler calls of batches whose policy planned them.
                     sched_acts.decide,
+                    sched_acts.anticipate,
                     sched_acts.report_step,
                     sched_acts.report_done,
                 ],

@@ -202,6 +202,11 @@ class Policy:
             start(events)
 
     @property
+    def migrates(self) -> bool:
+        """Whether the placement moves trajectories between instances (with their KV)."""
+        return bool(getattr(self.placement, "migrate", False))
+
+    @property
     def reviews(self) -> bool:
         return hasattr(self.placement, "review")
 

@@ -117,6 +117,14 @@ class SchedulerService:
                 if iid in ours:
                     self._policies[key].on_instance_ready(InstanceSpec(ours[iid], tps[iid]))
 
+    def observe_loads(self, loads: Mapping[str, int]) -> None:
+        """The steps each hosted engine holds now. A restarted service counts from zero
+        while the steps that were in flight run on (retried by their workflows); a count
+        is never left below what its engine holds, so those steps are seen again."""
+        for iid, load in loads.items():
+            if iid in self.in_flight:
+                self.in_flight[iid] = max(self.in_flight[iid], load)
+
     def reshapes(self, now: float) -> list[tuple[list[str], str, int]]:
         """Changes the planning policies want to the split during rollout (the
         simulator's `Reshaper`), as (instances to retire, new instance, its TP) in the
@@ -205,15 +213,36 @@ class SchedulerService:
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
         decision = self._policies[key].decide(step_event(request, previous_ours), states, now)
+        target = live[decision.instance_id]
         decision = replace(
             decision,
-            instance_id=live[decision.instance_id],
+            instance_id=target,
+            migrate=decision.migrate and previous is not None and target != previous,
             priority_key=self._buckets[key].key(decision.priority),
+            anticipate=self._policies[key].migrates,
         )
         self.in_flight[decision.instance_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
         self._last_request[request.trajectory_id] = request
         return decision
+
+    def anticipate(self, request: DecideRequest, now: float) -> Decision | None:
+        """Re-predict a trajectory as its LLM step ends (`request` is that moment's view,
+        before the tool's result) and return the move its new rank calls for, if any: the
+        workflow migrates it while the tool runs, and the next decide finds it there. No
+        step starts, so nothing is counted in flight."""
+        key = self._key(request.policy, request.batch_id)
+        policy = self._policies[key]
+        previous = self._last_instance.get(request.trajectory_id)
+        live, ours, states = self._view(key)
+        if not policy.migrates or previous not in ours or not states:
+            return None
+        decision = policy.decide(step_event(request, ours[previous]), states, now)
+        target = live[decision.instance_id]
+        if not decision.migrate or target == previous:
+            return None
+        self._last_instance[request.trajectory_id] = target
+        return replace(decision, instance_id=target)
 
     def review(
         self, running: Sequence[tuple[str, str, int]], now: float

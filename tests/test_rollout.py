@@ -258,6 +258,8 @@ def test_every_live_policy_completes_a_batch(
 class _PingPong(LeastLoaded):
     """Test placement: each step on the other instance of i0/i1, its KV migrated."""
 
+    migrate = True  # the trajectory moves as soon as its step ends, during its tool call
+
     def place(self, event, instances, now):  # type: ignore[no-untyped-def]
         from heddle.types import Decision
 
@@ -278,7 +280,7 @@ def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
         "test-ping-pong",
         lambda ctx: Policy("test-ping-pong", FirstComeFirstServed(), _PingPong(), Homogeneous(1)),
     )
-    steps = (*(StepSpec(40, "python", 0.05, "ok", 30) for _ in range(3)), StepSpec(40))
+    steps = (*(StepSpec(40, "python", 5.0, "ok", 30) for _ in range(3)), StepSpec(40))
     records = [TraceRecord(TrajectorySpec(f"m{k}", "g", 200, steps, "coding")) for k in range(3)]
 
     async def run() -> None:
@@ -301,13 +303,34 @@ def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
                 history = await client.temporal.get_workflow_handle(
                     f"{handle.batch_id}/{r.spec.trajectory_id}"
                 ).fetch_history()
-                moves = [
-                    e for e in history.events
+                scheduled = {
+                    e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+                    for e in history.events
                     if e.HasField("activity_task_scheduled_event_attributes")
-                    and e.activity_task_scheduled_event_attributes.activity_type.name
-                    == "migrate_kv"
+                }
+                order = [scheduled[e.event_id] for e in history.events if e.event_id in scheduled]
+                assert order.count("migrate_kv") == 3
+                # Each move starts while the tool call runs: after the tool is scheduled
+                # and before it completes.
+                completed = [
+                    scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+                    for e in history.events
+                    if e.HasField("activity_task_completed_event_attributes")
+                ]
+                events = [
+                    (scheduled[e.event_id], "start") if e.event_id in scheduled
+                    else (completed.pop(0), "end")
+                    for e in history.events
+                    if e.event_id in scheduled
+                    or e.HasField("activity_task_completed_event_attributes")
                 ]  # fmt: skip
-                assert len(moves) == 3
+                for k, event in enumerate(events):
+                    if event == ("migrate_kv", "start"):
+                        assert events[k - 1] == ("run_tool", "start")
+                        assert ("run_tool", "end") in events[k + 1 :]
+                        assert events[k + 1 :].index(("run_tool", "end")) > events[k + 1 :].index(
+                            ("migrate_kv", "end")
+                        )
 
     asyncio.run(run())
 

@@ -34,6 +34,54 @@ with workflow.unsafe.imports_passed_through():
     from workflows import policy
 
 
+# Workflows started before the tool call hid the move replay without it.
+ANTICIPATE_PATCH = "anticipate-during-tool"
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What the trajectory has seen so far: the scheduler's view of it, grown after each
+    LLM step and each tool result."""
+
+    context: int
+    tool_calls: int = 0
+    last_tool: str | None = None
+    last_tool_status: str | None = None
+    last_tool_output_tokens: int = 0
+    tool_path: list[str] = dataclasses.field(default_factory=list)
+    recent_outputs: list[int] = dataclasses.field(default_factory=list)
+
+    def add_output(self, tokens: int) -> None:
+        self.context += tokens
+        self.recent_outputs = [*self.recent_outputs[-3:], tokens]
+
+    def add_tool(self, tool: str, result: ToolResult) -> None:
+        self.tool_calls += 1
+        self.last_tool, self.last_tool_status = tool, result.status
+        self.last_tool_output_tokens = result.output_tokens
+        self.tool_path = [*self.tool_path, tool_state(tool, result.output_tokens, result.status)]
+        self.context += result.output_tokens
+
+    def request(self, inp: TrajectoryInput, step_index: int, generated: int) -> DecideRequest:
+        spec = inp.spec
+        return DecideRequest(
+            trajectory_id=spec.trajectory_id,
+            group_id=spec.group_id,
+            step_index=step_index,
+            context_tokens=self.context,
+            generated_tokens=generated,
+            policy=inp.options.policy,
+            prompt_tokens=spec.prompt_tokens,
+            num_tool_calls=self.tool_calls,
+            last_tool=self.last_tool,
+            last_tool_status=self.last_tool_status,
+            last_tool_output_tokens=self.last_tool_output_tokens,
+            tool_path=self.tool_path,
+            recent_output_tokens=self.recent_outputs[-4:],
+            batch_id=inp.batch_id,
+        )
+
+
 @workflow.defn(name="TrajectoryWorkflow")
 class TrajectoryWorkflow:
     def __init__(self) -> None:
@@ -55,14 +103,8 @@ class TrajectoryWorkflow:
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
         )
-        context = spec.prompt_tokens
-        tool_calls = 0
+        seen = _Seen(context=spec.prompt_tokens)
         finish_reason = "answer"
-        last_tool_status: str | None = None
-        last_tool: str | None = None
-        last_tool_output_tokens = 0
-        tool_path: list[str] = []
-        recent_outputs: list[int] = []
         error = ""
         try:
             for index, step in enumerate(spec.steps):
@@ -71,27 +113,8 @@ class TrajectoryWorkflow:
                     break
                 budget = opts.max_tokens - self._generated
                 new_tokens = min(step.output_tokens, budget)
-                decision = await self._scheduler(
-                    opts,
-                    names.DECIDE,
-                    DecideRequest(
-                        trajectory_id=spec.trajectory_id,
-                        group_id=spec.group_id,
-                        step_index=index,
-                        context_tokens=context,
-                        generated_tokens=self._generated,
-                        policy=opts.policy,
-                        prompt_tokens=spec.prompt_tokens,
-                        num_tool_calls=tool_calls,
-                        last_tool=last_tool,
-                        last_tool_status=last_tool_status,
-                        last_tool_output_tokens=last_tool_output_tokens,
-                        tool_path=tool_path,
-                        recent_output_tokens=recent_outputs[-4:],
-                        batch_id=inp.batch_id,
-                    ),
-                    Decision,
-                )
+                request = seen.request(inp, index, self._generated)
+                decision = await self._scheduler(opts, names.DECIDE, request, Decision)
                 if decision.migrate and self._instance and self._instance != decision.instance_id:
                     # Its KV moves to the new instance instead of being recomputed there.
                     await workflow.execute_activity(
@@ -109,16 +132,15 @@ class TrajectoryWorkflow:
                         sa.GENERATED.value_set(self._generated),
                     ]
                 )
-                generated = await self._generate(inp, index, context, new_tokens, decision)
+                generated = await self._generate(inp, index, seen.context, new_tokens, decision)
                 self._generated += generated.output_tokens
-                context += generated.output_tokens
-                recent_outputs = [*recent_outputs[-3:], generated.output_tokens]
+                seen.add_output(generated.output_tokens)
                 record = StepRecord(
                     batch_id=inp.batch_id,
                     trajectory_id=spec.trajectory_id,
                     step_index=index,
                     instance_id=generated.instance_id,
-                    context_tokens=context - generated.output_tokens,
+                    context_tokens=seen.context - generated.output_tokens,
                     output_tokens=generated.output_tokens,
                     cached_tokens=generated.cached_tokens,
                     queued_s=generated.queued_s,
@@ -132,7 +154,7 @@ class TrajectoryWorkflow:
                     await self._record(record)
                     break
                 if step.tool is not None:
-                    tool = await workflow.execute_activity(
+                    tool_call = workflow.start_activity(
                         names.RUN_TOOL,
                         ToolRequest(
                             trajectory_id=spec.trajectory_id,
@@ -151,11 +173,12 @@ class TrajectoryWorkflow:
                         retry_policy=policy.retry(opts.max_attempts),
                         result_type=ToolResult,
                     )
-                    tool_calls += 1
-                    last_tool, last_tool_status = step.tool, tool.status
-                    last_tool_output_tokens = tool.output_tokens
-                    tool_path = [*tool_path, tool_state(step.tool, tool.output_tokens, tool.status)]
-                    context += tool.output_tokens
+                    if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
+                        # Its re-prediction from this step's output, hidden by the tool.
+                        ahead = seen.request(inp, index + 1, self._generated)
+                        await self._move_during_tool(opts, ahead)
+                    tool = await tool_call
+                    seen.add_tool(step.tool, tool)
                     record.tool = step.tool
                     record.tool_status = tool.status
                     record.tool_output_tokens = tool.output_tokens
@@ -175,7 +198,9 @@ class TrajectoryWorkflow:
         if status == "completed":
             reward = await workflow.execute_activity(
                 names.REWARD,
-                RewardRequest(inp.batch_id, spec.trajectory_id, finish_reason, last_tool_status),
+                RewardRequest(
+                    inp.batch_id, spec.trajectory_id, finish_reason, seen.last_tool_status
+                ),
                 task_queue=tools_queue(opts.queue_prefix),
                 start_to_close_timeout=policy.STORE_TIMEOUT,
                 retry_policy=policy.STORE_RETRY,
@@ -189,7 +214,7 @@ class TrajectoryWorkflow:
             finish_reason=finish_reason,
             turns=self._turn,
             generated_tokens=self._generated,
-            tool_calls=tool_calls,
+            tool_calls=seen.tool_calls,
             reward=reward,
             started_at=started_at,
             finished_at=workflow.now().timestamp(),
@@ -220,6 +245,25 @@ class TrajectoryWorkflow:
             f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
         )
         return summary
+
+    async def _move_during_tool(self, opts: RolloutOptions, request: DecideRequest) -> None:
+        """Re-predict while the tool runs; when the new rank calls for another instance,
+        the KV moves there now, hidden behind the tool call. A failed move costs only a
+        recompute of the context on the new instance."""
+        move = await self._scheduler(opts, names.ANTICIPATE, request, Decision | None)
+        if move is None or move.instance_id == self._instance:
+            return
+        try:
+            await workflow.execute_activity(
+                names.MIGRATE_KV,
+                MigrateRequest(request.trajectory_id, self._instance, move.instance_id),
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.MIGRATE_TIMEOUT,
+                retry_policy=policy.retry(opts.max_attempts),
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("KV move failed, the context is recomputed: %s", exc)
+        self._instance = move.instance_id
 
     async def _generate(
         self, inp: TrajectoryInput, index: int, context: int, new_tokens: int, decision: Decision
@@ -276,7 +320,7 @@ class TrajectoryWorkflow:
         )
 
     async def _scheduler(
-        self, opts: RolloutOptions, name: str, arg: Any, result_type: type | None = None
+        self, opts: RolloutOptions, name: str, arg: Any, result_type: Any = None
     ) -> Any:
         """A call to the scheduler service: a local activity (the service of this worker
         process), or, for a policy that planned the batch, an activity on the engine
