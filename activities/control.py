@@ -77,18 +77,12 @@ class ControlActivities:
 
     @activity.defn(name=names.MIGRATE_KV)
     async def migrate_kv(self, request: MigrateRequest) -> int:
-        """Move the trajectory's cached KV from `source` to `target`, taking the transfer
-        time of the cost model (scaled); returns the tokens moved (0 if none were cached)."""
+        """Move the trajectory's cached context from `source` to `target` (the pool's
+        `move_prefix`); returns the tokens moved (0 if none were cached)."""
         pool = self.host.pool
-        if pool is None or request.source not in pool.engines:
+        if pool is None:
             return 0
-        tokens = pool[request.source].core.drop_prefix(request.trajectory_id)
-        if not tokens or request.target not in pool.engines:
-            return 0
-        cost = pool.shape.cost(pool.tps[request.source])
-        await asyncio.sleep(cost.migration_s(tokens) * self.host.time_scale)
-        pool[request.target].core.put_prefix(request.trajectory_id, tokens)
-        return tokens
+        return await pool.move_prefix(request.trajectory_id, request.source, request.target)
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from engines.core import RequestTooLarge
+from engines.pool import Engine
 from engines.request import EngineRequest
-from engines.simulated import SimulatedEngine
+from engines.vllm import EngineDead
 from heddle import activity_names as names
 from heddle.types import GenerateRequest, GenerateResult
 
 
 class EngineActivities:
-    def __init__(self, *, engine: SimulatedEngine) -> None:
+    def __init__(self, *, engine: Engine, on_dead: Callable[[str], None] | None = None) -> None:
         self.engine = engine
+        self.on_dead = on_dead  # the host stops offering the instance before the retry
 
     @activity.defn(name=names.GENERATE)
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -55,6 +58,13 @@ class EngineActivities:
         except RequestTooLarge as exc:
             # No retry can make it fit; the trajectory fails, the batch goes on.
             raise ApplicationError(str(exc), type="RequestTooLarge", non_retryable=True) from exc
+        except EngineDead as exc:
+            # A retry here would find the same dead engine: the workflow re-decides.
+            if self.on_dead is not None:
+                self.on_dead(self.engine.instance_id)
+            raise ApplicationError(
+                str(exc), resumed + exc.made, type=names.ENGINE_DEAD, non_retryable=True
+            ) from exc
         return GenerateResult(
             instance_id=self.engine.instance_id,
             output_tokens=resumed + result.output_tokens,

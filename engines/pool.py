@@ -1,17 +1,47 @@
 """The engine instances of a cluster: started, stopped and reshaped by instance.
 
-This pool holds simulated engines in the worker's process, each shaped by its TP degree
-through the cost model; the real-engine issue adds vLLM instances hosted as processes or
-Ray actors behind the same interface.
+The pool holds simulated engines (each shaped by its TP degree through the cost model) or
+vLLM instances (each an `AsyncLLM` whose engine core runs in its own process) behind one
+interface, `Engine`; the engine host starts and stops them as the cluster plan says.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from engines.core import EngineCore, EngineLimits
 from engines.costmodel import CostModel
-from engines.simulated import SimulatedEngine
+from engines.request import EngineRequest
+from engines.simulated import EngineResult, SimulatedEngine
+from engines.vllm import TokenSessions, VllmEngine, VllmSettings, read_vocab_size
+
+
+class Engine(Protocol):
+    """What the engine host and the LLM step activity use of an instance."""
+
+    instance_id: str
+    kind: str
+
+    @property
+    def load(self) -> int: ...
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def generate(
+        self, request: EngineRequest, on_progress: Callable[[int], None] | None = None
+    ) -> EngineResult: ...
+
+    def running_decodes(self) -> list[EngineRequest]: ...
+
+    def stop_to_move(self, request_id: str, target: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -31,12 +61,27 @@ class EngineShape:
 
 
 class EnginePool:
-    def __init__(self, shape: EngineShape) -> None:
+    """Simulated engines, or vLLM instances when `vllm` says how to start them."""
+
+    def __init__(self, shape: EngineShape, vllm: VllmSettings | None = None) -> None:
         self.shape = shape
-        self.engines: dict[str, SimulatedEngine] = {}
+        self.vllm = vllm
+        # vLLM instances of this host share the trajectories' token ids: a step that
+        # moves finds its context on the new instance.
+        self.sessions = TokenSessions(read_vocab_size(vllm.model_path)) if vllm else None
+        self.engines: dict[str, Engine] = {}
         self.tps: dict[str, int] = {}
 
-    def _build(self, instance_id: str, tp: int) -> SimulatedEngine:
+    @property
+    def kind(self) -> str:
+        return "vllm" if self.vllm else "simulated"
+
+    def _build(self, instance_id: str, tp: int) -> Engine:
+        if self.vllm is not None:
+            assert self.sessions is not None
+            return VllmEngine(
+                instance_id=instance_id, settings=self.vllm, tp=tp, sessions=self.sessions
+            )
         shape = self.shape
         cost = shape.cost(tp)
         if cost.kv_capacity_tokens <= 0:
@@ -50,7 +95,7 @@ class EnginePool:
         core = EngineCore(limits=limits, iteration_cost=cost.iteration_s)
         return SimulatedEngine(instance_id=instance_id, core=core, time_scale=shape.time_scale)
 
-    async def add(self, instance_id: str, tp: int) -> SimulatedEngine:
+    async def add(self, instance_id: str, tp: int) -> Engine:
         """Start an instance (idempotent: an instance already running is kept)."""
         if instance_id in self.engines:
             if self.tps[instance_id] != tp:
@@ -69,10 +114,41 @@ class EnginePool:
             await engine.stop()
 
     def restart_s(self, tp: int) -> float:
-        """The modelled cost of starting an instance at `tp` (weight load, engine start)."""
-        return self.shape.cost(tp).reconfiguration_s()
+        """The modelled cost of starting an instance at `tp` (weight load, engine start);
+        a vLLM instance pays its real start instead."""
+        return 0.0 if self.vllm else self.shape.cost(tp).reconfiguration_s()
 
-    def __getitem__(self, instance_id: str) -> SimulatedEngine:
+    def unhealthy(self) -> list[str]:
+        """Instances whose engine died (a vLLM engine core process that exited)."""
+        return [iid for iid, e in self.engines.items() if not e.is_healthy]
+
+    async def move_prefix(self, trajectory_id: str, source: str, target: str) -> int:
+        """Move a trajectory's cached context from `source` to `target`; returns the
+        tokens moved. Simulated engines transfer the KV in the cost model's time (scaled);
+        vLLM instances have no transfer path here, so the target prefills the context
+        (a warm-up) and the source's copy ages out of its cache."""
+        if source not in self.engines or target not in self.engines:
+            return 0
+        if self.vllm is not None:
+            assert self.sessions is not None
+            tokens = len(self.sessions.ids.get(trajectory_id, ()))
+            engine = self.engines[target]
+            assert isinstance(engine, VllmEngine)
+            return await engine.warm(trajectory_id, tokens)
+        src, dst = self.engines[source], self.engines[target]
+        assert isinstance(src, SimulatedEngine)
+        assert isinstance(dst, SimulatedEngine)
+        tokens = src.core.drop_prefix(trajectory_id)
+        if not tokens:
+            return 0
+        await asyncio.sleep(
+            self.shape.cost(self.tps[source]).migration_s(tokens) * self.shape.time_scale
+        )
+        if target in self.engines:  # it may have stopped meanwhile
+            dst.core.put_prefix(trajectory_id, tokens)
+        return tokens
+
+    def __getitem__(self, instance_id: str) -> Engine:
         return self.engines[instance_id]
 
     @property

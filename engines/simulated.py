@@ -73,6 +73,11 @@ class SimulatedEngine:
         """Requests waiting or running on this instance."""
         return self.core.num_requests
 
+    @property
+    def is_healthy(self) -> bool:
+        """A simulated engine does not die (its worker process may)."""
+        return True
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"engine-{self.instance_id}")

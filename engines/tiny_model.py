@@ -18,11 +18,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_WORDS = (
+_TEXT = (
     "def return import class self for while if else try except tool call search python "
     "result answer question step plan think file line value list dict error ok timeout "
     "the a of to and in is that it with as on be at by this from or"
-).split()
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class TinyModelShape:
 
 def _corpus(lines: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 24))) for _ in range(lines)]
+    words = _TEXT.split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 24))) for _ in range(lines)]
 
 
 def build_tiny_model(out: Path, shape: TinyModelShape | None = None, seed: int = 0) -> Path:
@@ -78,11 +79,15 @@ def build_tiny_model(out: Path, shape: TinyModelShape | None = None, seed: int =
         num_key_value_heads=shape.num_kv_heads,
         max_position_embeddings=shape.max_position_embeddings,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=SPECIAL_TOKENS.index("<|im_end|>"),  # special tokens come first
+        pad_token_id=SPECIAL_TOKENS.index("<|endoftext|>"),
         bos_token_id=None,
-        torch_dtype="bfloat16",
     )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # weights made in bfloat16, as vLLM runs them
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     model.save_pretrained(out)
     return out

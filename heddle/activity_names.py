@@ -22,3 +22,7 @@ WAIT_STARTED = "wait_started"
 PLAN_BATCH = "plan_batch"
 APPLY_SPLIT = "apply_split"
 MIGRATE_KV = "migrate_kv"
+
+# The error type of a step whose engine died: its details hold the tokens made, and the
+# workflow continues the step on another instance.
+ENGINE_DEAD = "EngineDead"

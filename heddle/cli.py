@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from heddle.config import ClusterConfig, load_cluster
+from heddle.config import ClusterConfig, EngineConfig, load_cluster
 from heddle.errors import InputError
 
 app = typer.Typer(
@@ -34,6 +35,8 @@ cluster_app = typer.Typer(
     help="The cluster's engine plan (a running stack's control workflow).", no_args_is_help=True
 )
 app.add_typer(cluster_app, name="cluster")
+model_app = typer.Typer(help="Models for vLLM engines.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 console = Console()
 err = Console(stderr=True)
 
@@ -50,8 +53,34 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _cluster(path: Path | None) -> ClusterConfig:
-    return ClusterConfig() if path is None else load_cluster(path)
+EngineOpt = Annotated[
+    str | None,
+    typer.Option("--engine", help="simulated or vllm (overrides the cluster file's engine.kind)."),
+]
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option("--model", help="Model folder for vLLM engines (heddle model tiny --out DIR)."),
+]
+
+
+def _cluster(
+    path: Path | None, engine: str | None = None, model: Path | None = None
+) -> ClusterConfig:
+    """The cluster file (or the default), with the engine the command line names."""
+    cfg = ClusterConfig() if path is None else load_cluster(path)
+    if engine is None and model is None:
+        return cfg
+    where = "--engine/--model"
+    update = cfg.engine.model_dump()
+    if engine is not None:
+        update["kind"] = engine
+    if model is not None:
+        update["model_path"] = str(model.resolve())
+    try:
+        return cfg.model_copy(update={"engine": EngineConfig.model_validate(update)})
+    except ValidationError as exc:
+        msg = str(exc.errors()[0].get("msg", "is invalid")).removeprefix("Value error, ")
+        raise InputError(where, None, None, msg) from None
 
 
 def _store_url(store: str | None, state_dir: Path) -> str:
@@ -124,12 +153,14 @@ def dev(
     detach: Annotated[
         bool, typer.Option(help="Run in the background; `heddle stop` ends it.")
     ] = False,
+    engine: EngineOpt = None,
+    model: ModelOpt = None,
 ) -> None:
-    """Run the embedded stack until Ctrl-C: Temporal dev server, workers, simulated engines."""
+    """Run the embedded stack until Ctrl-C: Temporal dev server, workers, engines."""
     from heddle.stack import EmbeddedStack, remove_stack_file, running_stack, write_stack_file
 
     try:
-        cfg = _cluster(cluster)
+        cfg = _cluster(cluster, engine, model)
     except InputError as exc:
         raise _fail(str(exc)) from None
     if (info := running_stack(state_dir)) is not None:
@@ -316,6 +347,8 @@ def rollout(
     ui_port: Annotated[int, typer.Option(help="Embedded stack's Web UI port.")] = 8233,
     queue_prefix: Annotated[str, typer.Option(help="Task-queue prefix of the workers.")] = "",
     quiet: bool = False,
+    engine: EngineOpt = None,
+    model: ModelOpt = None,
 ) -> None:
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
     from heddle.client import HeddleClient, validate_options
@@ -339,7 +372,7 @@ def rollout(
                 seed=bs.seed,
                 iteration=bs.iteration,
             )
-        cfg = _cluster(cluster)
+        cfg = _cluster(cluster, engine, model)
         options = RolloutOptions(
             policy=policy,
             tools=tools,
@@ -645,15 +678,20 @@ def trace_gen(
     seed: int = 0,
     iteration: int = 0,
     out: Annotated[Path, typer.Option(help="Trace file to write.")] = Path("trace.jsonl"),
+    token_scale: Annotated[
+        float, typer.Option(help="Multiply every token count (a tiny model on CPU: 0.02).")
+    ] = 1.0,
 ) -> None:
     """Write a synthetic trace of PROMPTS GRPO groups of SAMPLES trajectories."""
     from heddle.trace import dump_record
-    from heddle.workloads import generate
+    from heddle.workloads import generate, scale_tokens
 
     try:
         records = generate(
             workload, prompts=prompts, samples=samples, seed=seed, iteration=iteration
         )
+        if token_scale != 1.0:
+            records = scale_tokens(records, token_scale)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     with out.open("w", encoding="utf-8") as fh:
@@ -690,6 +728,24 @@ def trace_validate(path: Path) -> None:
 
 def main() -> None:
     app()
+
+
+# ---- models ------------------------------------------------------------------------------
+@model_app.command("tiny")
+def model_tiny(
+    out: Annotated[Path, typer.Option(help="Folder to write the model into.")],
+    seed: int = 0,
+) -> None:
+    """Build a tiny Qwen2 (random weights, a locally trained tokenizer) for CPU vLLM."""
+    try:
+        from engines.tiny_model import build_tiny_model
+    except ImportError as exc:  # pragma: no cover - depends on the extra
+        raise _fail(f"needs the vllm extra (torch, transformers): {exc}") from None
+    try:
+        build_tiny_model(out, seed=seed)
+    except ModuleNotFoundError as exc:
+        raise _fail(f"needs the vllm extra (torch, transformers, tokenizers): {exc}") from None
+    console.print(f"tiny model written to {out}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Configuration models, validated once at the edge (STYLE.md 9).
 
-A cluster file is YAML: `model`, `gpu`, `num_gpus`, `tp_choices`, `default_tp` and the
-engine limits. Errors name the file, the line and the field.
+A cluster file is YAML: `model`, `gpu`, `num_gpus`, `tp_choices`, `default_tp`, the
+engine limits and, optionally, `engine:` (simulated, or vLLM with a model folder). Errors
+name the file, the line and the field.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,6 +17,34 @@ from engines.costmodel import GPUS, MODELS
 from heddle.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class EngineConfig(BaseModel):
+    """What serves the LLM steps: simulated engines (the cost model's time, scaled) or
+    vLLM instances loading `model_path` (a Hugging Face folder: `heddle model tiny`
+    builds one for CPU)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["simulated", "vllm"] = "simulated"
+    model_path: str | None = None
+    max_model_len: Annotated[int, Field(ge=64)] = 8192
+    kv_cache_gib: Annotated[float, Field(gt=0.0)] = (
+        2.0  # vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
+    )
+    enforce_eager: bool = True  # no torch.compile: faster start, slower steps
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.kind == "vllm":
+            if not self.model_path:
+                raise ValueError("model_path: a vLLM engine needs a model folder")
+            if not (Path(self.model_path) / "config.json").is_file():
+                raise ValueError(
+                    f"model_path: {self.model_path} has no config.json "
+                    "(build one with `heddle model tiny --out DIR`)"
+                )
+        return self
 
 
 class ClusterConfig(BaseModel):
@@ -31,6 +60,7 @@ class ClusterConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
@@ -130,10 +160,11 @@ def _load_yaml_model(path: str | Path, model: type[M], what: str) -> M:
         loc = tuple(err.get("loc", ()))
         msg = str(err.get("msg", "is invalid"))
         field = ".".join(str(p) for p in loc) if loc else None
-        if not loc and ": " in msg:
-            # Raised by a model validator as "field: message".
-            field, msg = msg.removeprefix("Value error, ").split(": ", 1)
-            loc = (field,)
+        if msg.startswith("Value error, ") and ": " in msg:
+            # Raised by a model validator as "field: message" (of a nested model at loc).
+            sub, msg = msg.removeprefix("Value error, ").split(": ", 1)
+            loc = (*loc, sub)
+            field = ".".join(str(p) for p in loc)
         if err.get("type") == "extra_forbidden":
             msg = f"is not a {what} field"
         raise ConfigError(path_str, _yaml_line(text, loc), field, msg) from exc

@@ -89,6 +89,21 @@ class EngineHost:
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._reshaping: set[asyncio.Task[ClusterPlan]] = set()
         self.plan: ClusterPlan | None = None
+        # Instances whose engine died: not offered to the scheduler until restarted.
+        self.down: set[str] = set()
+
+    def mark_down(self, instance_id: str) -> None:
+        """An instance's engine died: the scheduler stops offering it at once (its steps
+        are decided again), and the next reconcile restarts it."""
+        if instance_id not in self.down:
+            log.warning("engine instance %s died; restarting it", instance_id)
+            self.down.add(instance_id)
+        if self.plan is not None:
+            self._offer(self.plan)
+
+    def _offer(self, plan: ClusterPlan) -> None:
+        active = active_instances(plan)
+        self.service.set_instances({i: tp for i, tp in active.items() if i not in self.down})
 
     def is_up(self, instance_id: str) -> bool:
         return instance_id in self._workers
@@ -163,7 +178,12 @@ class EngineHost:
 
     async def reconcile(self, plan: ClusterPlan) -> None:
         self.plan = plan
-        self.service.set_instances(active_instances(plan))
+        if self.pool is not None:
+            for iid in self.pool.unhealthy():
+                self.mark_down(iid)
+                if iid in self._workers:
+                    await self._stop(iid)
+        self._offer(plan)
         if self.pool is None:
             return
         self.service.observe_loads({iid: self.load(iid) for iid in self._workers})
@@ -185,7 +205,7 @@ class EngineHost:
         try:
             await asyncio.sleep(delay_s)
             engine = await self.pool.add(instance_id, tp)
-            acts = EngineActivities(engine=engine)
+            acts = EngineActivities(engine=engine, on_dead=self.mark_down)
             worker = Worker(
                 self.client,
                 task_queue=engine_queue(instance_id, self.prefix),
@@ -194,6 +214,10 @@ class EngineHost:
             )
             self._workers[instance_id] = (worker, asyncio.create_task(worker.run()))
             log.info("engine instance %s up at TP %d", instance_id, tp)
+            if instance_id in self.down:
+                self.down.discard(instance_id)
+                if self.plan is not None:
+                    self._offer(self.plan)
         except Exception:
             # The next reconcile tries again; the plan keeps naming the instance.
             log.exception("engine instance %s (TP %d) failed to start", instance_id, tp)

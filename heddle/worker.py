@@ -20,6 +20,7 @@ from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from engines.pool import EnginePool, EngineShape
+from engines.vllm import VllmSettings
 from heddle.config import ClusterConfig
 from heddle.engine_host import EngineHost, ensure_control_workflow
 from heddle.queues import control_queue, tools_queue, trajectories_queue
@@ -49,6 +50,22 @@ class WorkerOptions:
     host_engines: bool = True
 
 
+def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
+    """How the host starts vLLM instances, or None for simulated engines."""
+    engine = cluster.engine
+    if engine.kind != "vllm":
+        return None
+    assert engine.model_path is not None  # the config checked it
+    return VllmSettings(
+        model_path=engine.model_path,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=cluster.max_num_seqs,
+        max_num_batched_tokens=cluster.max_num_batched_tokens,
+        kv_cache_gib=engine.kv_cache_gib,
+        enforce_eager=engine.enforce_eager,
+    )
+
+
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM when it is None)."""
     client = await Client.connect(opts.address, namespace=opts.namespace)
@@ -71,7 +88,8 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 gpu_memory_utilization=cluster.gpu_memory_utilization,
                 policy=opts.engine_policy,
                 time_scale=opts.time_scale,
-            )
+            ),
+            vllm_settings(cluster),
         )
     host = EngineHost(client, service, pool, prefix, opts.time_scale)
     store_acts = StoreActivities(

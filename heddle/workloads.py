@@ -137,3 +137,32 @@ def generate(
                 _trajectory(rng, shape, f"{gid}-s{s}", gid, workload, prompt_tokens, difficulty)
             )
     return records
+
+
+def scale_tokens(records: list[TraceRecord], factor: float) -> list[TraceRecord]:
+    """The same trajectories with every token count times `factor` (at least 1): a tiny
+    model on CPU replays a workload's shape at a fraction of its size."""
+    if not 0 < factor <= 1:
+        raise ValueError(f"token scale must be in (0, 1], got {factor}")
+
+    def scaled(n: int) -> int:
+        return max(1, round(n * factor)) if n else 0
+
+    return [
+        replace(
+            r,
+            spec=replace(
+                r.spec,
+                prompt_tokens=scaled(r.spec.prompt_tokens),
+                steps=tuple(
+                    replace(
+                        s,
+                        output_tokens=scaled(s.output_tokens),
+                        tool_output_tokens=scaled(s.tool_output_tokens),
+                    )
+                    for s in r.spec.steps
+                ),
+            ),
+        )
+        for r in records
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heddle.tracestats import trace_stats
-from heddle.workloads import WORKLOADS, generate
+from heddle.workloads import WORKLOADS, generate, scale_tokens
 
 TOOL_LATENCY = {"coding": 0.45, "search": 1.4, "math": 0.05}
 
@@ -53,3 +53,20 @@ def test_seeded_and_drifting() -> None:
     late = trace_stats([r.spec for r in generate("math", prompts=300, seed=3, iteration=10)])
     assert late["generated_tokens"]["mean"] > 1.1 * early["generated_tokens"]["mean"]
     assert late["tool_status"].get("error", 0) < early["tool_status"].get("error", 0)
+
+
+def test_a_scaled_trace_keeps_its_shape_at_a_fraction_of_its_tokens() -> None:
+    records = generate("coding", prompts=2, seed=0)
+    small = scale_tokens(records, 0.1)
+    for big, little in zip(records, small, strict=True):
+        assert little.spec.trajectory_id == big.spec.trajectory_id
+        assert len(little.spec.steps) == len(big.spec.steps)
+        for b, s in zip(big.spec.steps, little.spec.steps, strict=True):
+            assert s.output_tokens == max(1, round(b.output_tokens * 0.1))
+            assert (s.tool, s.tool_latency_s, s.tool_status) == (
+                b.tool,
+                b.tool_latency_s,
+                b.tool_status,
+            )
+    with pytest.raises(ValueError, match="token scale"):
+        scale_tokens(records, 0)

@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
@@ -82,6 +82,14 @@ class _Seen:
         )
 
 
+def _engine_dead_tokens(exc: ActivityError) -> int | None:
+    """The tokens a step made before its engine died, or None for any other failure."""
+    cause = exc.cause
+    if isinstance(cause, ApplicationError) and cause.type == names.ENGINE_DEAD:
+        return int(cause.details[0]) if cause.details else 0
+    return None
+
+
 @workflow.defn(name="TrajectoryWorkflow")
 class TrajectoryWorkflow:
     def __init__(self) -> None:
@@ -132,7 +140,7 @@ class TrajectoryWorkflow:
                         sa.GENERATED.value_set(self._generated),
                     ]
                 )
-                generated = await self._generate(inp, index, seen.context, new_tokens, decision)
+                generated = await self._generate(inp, index, new_tokens, decision, request)
                 self._generated += generated.output_tokens
                 seen.add_output(generated.output_tokens)
                 record = StepRecord(
@@ -266,15 +274,23 @@ class TrajectoryWorkflow:
         self._instance = move.instance_id
 
     async def _generate(
-        self, inp: TrajectoryInput, index: int, context: int, new_tokens: int, decision: Decision
+        self,
+        inp: TrajectoryInput,
+        index: int,
+        new_tokens: int,
+        decision: Decision,
+        request: DecideRequest,
     ) -> GenerateResult:
-        """One LLM step on the decided instance. If the scheduler stops it mid-decode to
-        move it (a long decode outgrew its instance), its KV moves and the step goes on
-        on the new instance from the tokens made; the result covers the whole step."""
-        opts, tid = inp.options, inp.spec.trajectory_id
-        instance, made = decision.instance_id, 0
+        """One LLM step on the decided instance (`request`: what it was decided on). If
+        the scheduler stops it mid-decode to move it (a long decode outgrew its instance),
+        its KV moves and the step goes on on the new instance from the tokens made; if the
+        instance's engine dies, the step is decided again and goes on elsewhere. The
+        result covers the whole step."""
+        opts, tid, context = inp.options, inp.spec.trajectory_id, request.context_tokens
+        instance, made, deaths = decision.instance_id, 0, 0
         first: GenerateResult | None = None
         while True:
+            part: GenerateResult | None = None
             try:
                 part = await workflow.execute_activity(
                     names.GENERATE,
@@ -293,10 +309,26 @@ class TrajectoryWorkflow:
                     retry_policy=policy.retry(opts.max_attempts),
                     result_type=GenerateResult,
                 )
+            except ActivityError as exc:
+                lost_engine_made = _engine_dead_tokens(exc)
+                deaths += 1
+                if lost_engine_made is None or deaths >= opts.max_attempts:
+                    raise
+                made += lost_engine_made
             finally:
                 await self._scheduler(
                     opts, names.REPORT_STEP, StepReport(tid, instance, index, new_tokens - made)
                 )
+            if part is None:
+                # Its engine died: decided again, it goes on where the scheduler says.
+                again = dataclasses.replace(
+                    request,
+                    context_tokens=context + made,
+                    generated_tokens=request.generated_tokens + made,
+                )
+                decision = await self._scheduler(opts, names.DECIDE, again, Decision)
+                instance = self._instance = decision.instance_id
+                continue
             first = first or part
             made += part.output_tokens
             if not part.moved_to or made >= new_tokens:

@@ -1,0 +1,256 @@
+"""A vLLM instance behind the engine interface the simulated engine has.
+
+vLLM's async engine (`AsyncLLM`) runs its engine core in a child process; this object
+lives in the engine host and turns each LLM step (counts of tokens) into a vLLM request on
+token ids:
+
+- the context of a trajectory is kept as token ids in `TokenSessions`, shared by the
+  host's instances: the prompt and tool outputs are stand-in ids (deterministic per
+  trajectory and position), generated tokens are the model's own, so a trajectory's next
+  turn extends its last one and vLLM's prefix cache finds it;
+- a trace step is replayed exactly: `min_tokens = max_tokens = output_tokens`, `ignore_eos`;
+- per-request priority uses vLLM's priority scheduling (lower first, as Heddle's);
+- a step stopped to move, a migration's warm-up (prefill only) and an abort map onto
+  vLLM's abort and a one-token request.
+
+vLLM is imported when an instance starts: Heddle runs without the real-engine extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engines.request import EngineRequest
+from engines.simulated import EngineResult
+
+log = logging.getLogger(__name__)
+
+# Token ids below this are the tiny model's special tokens; stand-in ids avoid them.
+FIRST_PLAIN_ID = 3
+
+
+class EngineDead(RuntimeError):
+    """The instance's engine process died; the step goes on elsewhere."""
+
+    def __init__(self, instance_id: str, made: int) -> None:
+        super().__init__(f"engine instance {instance_id} died")
+        self.instance_id = instance_id
+        self.made = made
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How each vLLM instance of a host is started."""
+
+    model_path: str
+    max_model_len: int = 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    kv_cache_gib: float = 2.0
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    enforce_eager: bool = True  # on CPU: start in ~25 s rather than 30-70 s with compile
+    prefix_caching: bool = True
+
+    def engine_args(self, tp: int) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype="bfloat16",
+            tensor_parallel_size=tp,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.prefix_caching,
+            scheduling_policy=self.scheduling_policy,
+            enforce_eager=self.enforce_eager,
+            disable_log_stats=False,
+        )
+
+
+@dataclass
+class TokenSessions:
+    """Each trajectory's context as token ids. Soft state: whatever is missing (a host
+    restarted, tool output not seen yet) is filled with stand-in ids, so a context always
+    has the length the workflow gives; only the prefix cache notices the loss."""
+
+    vocab_size: int
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def context(self, trajectory_id: str, length: int) -> list[int]:
+        ids = self.ids.setdefault(trajectory_id, [])
+        if len(ids) > length:
+            del ids[length:]
+        elif len(ids) < length:
+            rng = random.Random(f"{trajectory_id}@{len(ids)}")
+            ids.extend(
+                rng.randrange(FIRST_PLAIN_ID, self.vocab_size) for _ in range(length - len(ids))
+            )
+        return list(ids)
+
+    def extend(self, trajectory_id: str, new_ids: list[int]) -> None:
+        self.ids.setdefault(trajectory_id, []).extend(new_ids)
+
+    def forget(self, trajectory_id: str) -> None:
+        self.ids.pop(trajectory_id, None)
+
+
+def read_vocab_size(model_path: str) -> int:
+    import json
+
+    with open(os.path.join(model_path, "config.json")) as f:
+        return int(json.load(f)["vocab_size"])
+
+
+class VllmEngine:
+    """One vLLM instance (the engine interface of `SimulatedEngine`)."""
+
+    kind = "vllm"
+
+    def __init__(
+        self, *, instance_id: str, settings: VllmSettings, tp: int, sessions: TokenSessions
+    ) -> None:
+        self.instance_id = instance_id
+        self.settings = settings
+        self.tp = tp
+        self.sessions = sessions
+        self._llm: Any = None
+        self._running: dict[str, EngineRequest] = {}
+        self._moves: dict[str, str] = {}
+
+    @property
+    def load(self) -> int:
+        """Requests waiting or running on this instance."""
+        return len(self._running)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block: the prefix cache hits whole blocks (128 on CPU)."""
+        return int(self._llm.vllm_config.cache_config.block_size)
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        # vLLM's CPU build sizes its KV cache from this (its default check fails on small
+        # machines); GPU builds ignore it.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_gib:g}")
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.monotonic()
+        # Building the engine blocks (it waits for the engine core process to load).
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, self.settings.engine_args(self.tp)
+        )
+        log.info("vLLM instance %s up in %.1f s", self.instance_id, time.monotonic() - started)
+
+    async def stop(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.shutdown()
+
+    def engine_pids(self) -> list[int]:
+        """The engine core's processes (the health check and the tests kill them)."""
+        import psutil
+
+        me = psutil.Process()
+        return [
+            p.pid
+            for p in me.children(recursive=True)
+            if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM")
+        ]
+
+    async def generate(
+        self, request: EngineRequest, on_progress: Callable[[int], None] | None = None
+    ) -> EngineResult:
+        """Run one LLM step to completion; `on_progress(tokens)` as tokens are made."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._llm is None:
+            raise EngineDead(self.instance_id, 0)
+        tid, n = request.prefix_key, request.max_new_tokens
+        prompt = self.sessions.context(tid, request.context_tokens)
+        params = SamplingParams(
+            max_tokens=n,
+            min_tokens=n,
+            ignore_eos=True,
+            temperature=0.0,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        added_at = time.time()
+        started_at = 0.0
+        cached = 0
+        self._running[request.request_id] = request
+        try:
+            stream = self._llm.generate(
+                {"prompt_token_ids": prompt}, params, request.request_id,
+                priority=request.priority,
+            )  # fmt: skip
+            async for out in stream:
+                new_ids = list(out.outputs[0].token_ids)
+                if not started_at:
+                    started_at = time.time()
+                    cached = int(out.num_cached_tokens or 0)
+                self.sessions.extend(tid, new_ids)
+                request.num_output_tokens += len(new_ids)
+                if on_progress is not None and new_ids:
+                    on_progress(request.num_output_tokens)
+                if request.request_id in self._moves:
+                    break  # closing the stream aborts the request in vLLM
+        except EngineDeadError as exc:
+            raise EngineDead(self.instance_id, request.num_output_tokens) from exc
+        finally:
+            self._running.pop(request.request_id, None)
+        moved_to = self._moves.pop(request.request_id, "")
+        return EngineResult(
+            request_id=request.request_id,
+            output_tokens=request.num_output_tokens,
+            cached_tokens=cached,
+            queued_s=max(0.0, started_at - added_at),
+            started_at=started_at or added_at,
+            finished_at=time.time(),
+            moved_to=moved_to,
+        )
+
+    def running_decodes(self) -> list[EngineRequest]:
+        """Requests generating now (past their prefill): what a mid-step review sees."""
+        return [r for r in self._running.values() if r.num_output_tokens]
+
+    def stop_to_move(self, request_id: str, target: str) -> bool:
+        """End a running request after its next token, as made so far, to continue on
+        `target`. False if it is no longer running."""
+        request = self._running.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        self._moves[request_id] = target
+        return True
+
+    async def warm(self, trajectory_id: str, context_tokens: int) -> int:
+        """Prefill a trajectory's context here (one token made, then dropped), so its next
+        step finds it in the prefix cache: a migration where no KV transfer path exists."""
+        if self._llm is None or context_tokens <= 0:
+            return 0
+        from vllm import SamplingParams
+
+        prompt = self.sessions.context(trajectory_id, context_tokens)
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        async for _ in self._llm.generate(
+            {"prompt_token_ids": prompt}, params, f"warm/{trajectory_id}/{time.monotonic_ns()}"
+        ):
+            pass
+        return context_tokens
