@@ -16,7 +16,14 @@ from engines.core import EngineCore, EngineLimits
 from engines.costmodel import CostModel
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
-from engines.vllm import TokenSessions, VllmEngine, VllmSettings, read_vocab_size
+from engines.vllm import (
+    LocalVllm,
+    TokenSessions,
+    VllmBackend,
+    VllmEngine,
+    VllmSettings,
+    read_vocab_size,
+)
 
 
 class Engine(Protocol):
@@ -63,9 +70,12 @@ class EngineShape:
 class EnginePool:
     """Simulated engines, or vLLM instances when `vllm` says how to start them."""
 
-    def __init__(self, shape: EngineShape, vllm: VllmSettings | None = None) -> None:
+    def __init__(
+        self, shape: EngineShape, vllm: VllmSettings | None = None, *, ray: bool = False
+    ) -> None:
         self.shape = shape
         self.vllm = vllm
+        self.ray = ray  # vLLM instances as Ray actors (ray.init done by the caller)
         # vLLM instances of this host share the trajectories' token ids: a step that
         # moves finds its context on the new instance.
         self.sessions = TokenSessions(read_vocab_size(vllm.model_path)) if vllm else None
@@ -79,9 +89,12 @@ class EnginePool:
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:
             assert self.sessions is not None
-            return VllmEngine(
-                instance_id=instance_id, settings=self.vllm, tp=tp, sessions=self.sessions
-            )
+            backend: VllmBackend = LocalVllm(instance_id, self.vllm, tp)
+            if self.ray:
+                from engines.ray_host import RayVllm
+
+                backend = RayVllm(instance_id, self.vllm, tp, use_gpus=self.vllm.use_gpus)
+            return VllmEngine(instance_id=instance_id, backend=backend, sessions=self.sessions)
         shape = self.shape
         cost = shape.cost(tp)
         if cost.kv_capacity_tokens <= 0:

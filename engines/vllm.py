@@ -24,9 +24,9 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from engines.request import EngineRequest
 from engines.simulated import EngineResult
@@ -58,6 +58,7 @@ class VllmSettings:
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     enforce_eager: bool = True  # on CPU: start in ~25 s rather than 30-70 s with compile
     prefix_caching: bool = True
+    use_gpus: bool = False  # Ray placement groups reserve GPUs (TP of them) or a CPU
 
     def engine_args(self, tp: int) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -111,26 +112,15 @@ def read_vocab_size(model_path: str) -> int:
         return int(json.load(f)["vocab_size"])
 
 
-class VllmEngine:
-    """One vLLM instance (the engine interface of `SimulatedEngine`)."""
+class LocalVllm:
+    """vLLM's async engine in this process (its engine core in a child process): the
+    token-level stream the engine interface is built on."""
 
-    kind = "vllm"
-
-    def __init__(
-        self, *, instance_id: str, settings: VllmSettings, tp: int, sessions: TokenSessions
-    ) -> None:
+    def __init__(self, instance_id: str, settings: VllmSettings, tp: int) -> None:
         self.instance_id = instance_id
         self.settings = settings
         self.tp = tp
-        self.sessions = sessions
         self._llm: Any = None
-        self._running: dict[str, EngineRequest] = {}
-        self._moves: dict[str, str] = {}
-
-    @property
-    def load(self) -> int:
-        """Requests waiting or running on this instance."""
-        return len(self._running)
 
     @property
     def is_healthy(self) -> bool:
@@ -162,59 +152,110 @@ class VllmEngine:
             with contextlib.suppress(Exception):
                 llm.shutdown()
 
-    def engine_pids(self) -> list[int]:
-        """The engine core's processes (the health check and the tests kill them)."""
-        import psutil
-
-        me = psutil.Process()
-        return [
-            p.pid
-            for p in me.children(recursive=True)
-            if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM")
-        ]
-
-    async def generate(
-        self, request: EngineRequest, on_progress: Callable[[int], None] | None = None
-    ) -> EngineResult:
-        """Run one LLM step to completion; `on_progress(tokens)` as tokens are made."""
+    async def stream(
+        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
+    ) -> AsyncGenerator[tuple[list[int], int], None]:
+        """Generate exactly `max_new_tokens` after `prompt`: yields (new token ids, prompt
+        tokens found in the prefix cache). Closing it early aborts the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._llm is None:
             raise EngineDead(self.instance_id, 0)
-        tid, n = request.prefix_key, request.max_new_tokens
-        prompt = self.sessions.context(tid, request.context_tokens)
         params = SamplingParams(
-            max_tokens=n,
-            min_tokens=n,
+            max_tokens=max_new_tokens,
+            min_tokens=max_new_tokens,
             ignore_eos=True,
             temperature=0.0,
             output_kind=RequestOutputKind.DELTA,
         )
+        try:
+            async for out in self._llm.generate(
+                {"prompt_token_ids": prompt}, params, request_id, priority=priority
+            ):
+                yield list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
+        except EngineDeadError as exc:
+            raise EngineDead(self.instance_id, 0) from exc
+
+
+class VllmBackend(Protocol):
+    """Where an instance's vLLM runs: `LocalVllm`, or a Ray actor (`engines/ray_host.py`)."""
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def stream(
+        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
+    ) -> AsyncGenerator[tuple[list[int], int], None]: ...
+
+
+class VllmEngine:
+    """One vLLM instance behind the engine interface of `SimulatedEngine`."""
+
+    kind = "vllm"
+
+    def __init__(self, *, instance_id: str, backend: VllmBackend, sessions: TokenSessions) -> None:
+        self.instance_id = instance_id
+        self.backend = backend
+        self.sessions = sessions
+        self._running: dict[str, EngineRequest] = {}
+        self._moves: dict[str, str] = {}
+
+    @property
+    def load(self) -> int:
+        """Requests waiting or running on this instance."""
+        return len(self._running)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.backend.is_healthy
+
+    @property
+    def block_size(self) -> int:
+        return self.backend.block_size
+
+    async def start(self) -> None:
+        await self.backend.start()
+
+    async def stop(self) -> None:
+        await self.backend.stop()
+
+    async def generate(
+        self, request: EngineRequest, on_progress: Callable[[int], None] | None = None
+    ) -> EngineResult:
+        """Run one LLM step to completion; `on_progress(tokens)` as tokens are made."""
+        tid = request.prefix_key
+        prompt = self.sessions.context(tid, request.context_tokens)
         added_at = time.time()
         started_at = 0.0
         cached = 0
         self._running[request.request_id] = request
+        stream = self.backend.stream(
+            request.request_id, prompt, request.max_new_tokens, request.priority
+        )
         try:
-            stream = self._llm.generate(
-                {"prompt_token_ids": prompt}, params, request.request_id,
-                priority=request.priority,
-            )  # fmt: skip
-            async for out in stream:
-                new_ids = list(out.outputs[0].token_ids)
+            async for new_ids, cached_now in stream:
                 if not started_at:
-                    started_at = time.time()
-                    cached = int(out.num_cached_tokens or 0)
+                    started_at, cached = time.time(), cached_now
                 self.sessions.extend(tid, new_ids)
                 request.num_output_tokens += len(new_ids)
                 if on_progress is not None and new_ids:
                     on_progress(request.num_output_tokens)
                 if request.request_id in self._moves:
-                    break  # closing the stream aborts the request in vLLM
-        except EngineDeadError as exc:
+                    break
+        except EngineDead as exc:
+            self._moves.pop(request.request_id, None)
             raise EngineDead(self.instance_id, request.num_output_tokens) from exc
         finally:
+            await stream.aclose()  # an early end aborts the request in vLLM
             self._running.pop(request.request_id, None)
         moved_to = self._moves.pop(request.request_id, "")
         return EngineResult(
@@ -243,14 +284,10 @@ class VllmEngine:
     async def warm(self, trajectory_id: str, context_tokens: int) -> int:
         """Prefill a trajectory's context here (one token made, then dropped), so its next
         step finds it in the prefix cache: a migration where no KV transfer path exists."""
-        if self._llm is None or context_tokens <= 0:
+        if context_tokens <= 0 or not self.is_healthy:
             return 0
-        from vllm import SamplingParams
-
         prompt = self.sessions.context(trajectory_id, context_tokens)
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in self._llm.generate(
-            {"prompt_token_ids": prompt}, params, f"warm/{trajectory_id}/{time.monotonic_ns()}"
-        ):
+        request_id = f"warm/{trajectory_id}/{time.monotonic_ns()}"
+        async for _ in self.backend.stream(request_id, prompt, 1, 0):
             pass
         return context_tokens

@@ -33,6 +33,11 @@ class EngineConfig(BaseModel):
         2.0  # vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
     )
     enforce_eager: bool = True  # no torch.compile: faster start, slower steps
+    # Host each vLLM instance in this process's children ("process") or as a Ray actor in
+    # a placement group ("ray": `ray_address`, or a local Ray started by the worker).
+    hosting: Literal["process", "ray"] = "process"
+    ray_address: str | None = None
+    use_gpus: bool = False  # Ray: reserve TP GPUs per instance (False: one CPU)
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

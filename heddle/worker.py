@@ -63,7 +63,25 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
         max_num_batched_tokens=cluster.max_num_batched_tokens,
         kv_cache_gib=engine.kv_cache_gib,
         enforce_eager=engine.enforce_eager,
+        use_gpus=engine.use_gpus,
     )
+
+
+def connect_ray(cluster: ClusterConfig) -> None:
+    """Join the Ray cluster the engine config names, or start a local one."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    engine = cluster.engine
+    if engine.ray_address:
+        ray.init(address=engine.ray_address)
+    else:
+        # Placement groups count logical CPUs: at least one per instance.
+        cpus = max(os.cpu_count() or 1, cluster.num_gpus)
+        ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20)
 
 
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
@@ -90,7 +108,10 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 time_scale=opts.time_scale,
             ),
             vllm_settings(cluster),
+            ray=cluster.engine.hosting == "ray",
         )
+        if pool.ray:
+            connect_ray(cluster)
     host = EngineHost(client, service, pool, prefix, opts.time_scale)
     store_acts = StoreActivities(
         store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)

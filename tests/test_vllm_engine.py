@@ -21,7 +21,7 @@ def engine(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Any, asyncio.AbstractEventLoop]]:
     require_vllm()
-    from engines.vllm import TokenSessions, VllmEngine, VllmSettings, read_vocab_size
+    from engines.vllm import LocalVllm, TokenSessions, VllmEngine, VllmSettings, read_vocab_size
 
     root = tmp_path_factory.mktemp("vllm")
     vllm_env(root)
@@ -29,7 +29,7 @@ def engine(
     # One sequence at a time: later requests queue, in vLLM's priority order.
     settings = VllmSettings(model_path=str(model), max_num_seqs=1, max_model_len=2048)
     sessions = TokenSessions(read_vocab_size(str(model)))
-    eng = VllmEngine(instance_id="v0", settings=settings, tp=1, sessions=sessions)
+    eng = VllmEngine(instance_id="v0", backend=LocalVllm("v0", settings, tp=1), sessions=sessions)
     loop = asyncio.new_event_loop()
     loop.run_until_complete(eng.start())
     try:
