@@ -34,9 +34,10 @@ class VllmActor:
 
     async def stream(
         self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
-    ) -> AsyncGenerator[tuple[list[int], int], None]:
-        async for item in self.vllm.stream(request_id, prompt, max_new_tokens, priority):
-            yield item
+    ) -> AsyncGenerator[tuple[list[int], int, float], None]:
+        """The token stream, each part with the KV cache use after it."""
+        async for ids, cached in self.vllm.stream(request_id, prompt, max_new_tokens, priority):
+            yield ids, cached, self.vllm.kv_usage
 
     async def stop(self) -> None:
         await self.vllm.stop()
@@ -56,6 +57,7 @@ class RayVllm:
         self._group: Any = None
         self._block_size = 0
         self._dead = False
+        self.kv_usage = 0.0  # as the actor's last streamed part said
 
     @property
     def is_healthy(self) -> bool:
@@ -118,7 +120,8 @@ class RayVllm:
         )
         try:
             async for ref in refs:
-                yield await ref
+                ids, cached, self.kv_usage = await ref
+                yield ids, cached
         except (RayActorError, RayTaskError) as exc:
             self._dead = True
             raise EngineDead(self.instance_id, 0) from exc

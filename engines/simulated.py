@@ -74,6 +74,12 @@ class SimulatedEngine:
         return self.core.num_requests
 
     @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV capacity held by running requests and cached prefixes."""
+        capacity = self.core.limits.kv_capacity_tokens
+        return 1.0 - self.core.kv_free_tokens / capacity if capacity else 0.0
+
+    @property
     def is_healthy(self) -> bool:
         """A simulated engine does not die (its worker process may)."""
         return True

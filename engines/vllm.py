@@ -24,8 +24,10 @@ import logging
 import os
 import random
 import time
+from array import array
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from engines.request import EngineRequest
@@ -78,31 +80,61 @@ class VllmSettings:
         )
 
 
-@dataclass
+# Token ids the sessions keep before the least recently used trajectories are dropped
+# (4 bytes each: 256 MB).
+MAX_SESSION_TOKENS = 64 * 2**20
+
+
 class TokenSessions:
     """Each trajectory's context as token ids. Soft state: whatever is missing (a host
-    restarted, tool output not seen yet) is filled with stand-in ids, so a context always
-    has the length the workflow gives; only the prefix cache notices the loss."""
+    restarted, tool output not seen yet, a session dropped for room) is filled with
+    stand-in ids, so a context always has the length the workflow gives; only the prefix
+    cache notices the loss."""
 
-    vocab_size: int
-    ids: dict[str, list[int]] = field(default_factory=dict)
+    def __init__(self, vocab_size: int, max_tokens: int = MAX_SESSION_TOKENS) -> None:
+        self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+        self.ids: OrderedDict[str, array[int]] = OrderedDict()
+        self._tokens = 0
+
+    def _session(self, trajectory_id: str) -> array[int]:
+        ids = self.ids.get(trajectory_id)
+        if ids is None:
+            ids = self.ids[trajectory_id] = array("i")
+        self.ids.move_to_end(trajectory_id)
+        return ids
+
+    def _resize(self, ids: array[int], trajectory_id: str, length: int) -> None:
+        before = len(ids)
+        if before > length:
+            del ids[length:]
+        elif before < length:
+            rng = random.Random(f"{trajectory_id}@{before}")
+            ids.extend(
+                rng.randrange(FIRST_PLAIN_ID, self.vocab_size) for _ in range(length - before)
+            )
+        self._tokens += len(ids) - before
 
     def context(self, trajectory_id: str, length: int) -> list[int]:
-        ids = self.ids.setdefault(trajectory_id, [])
-        if len(ids) > length:
-            del ids[length:]
-        elif len(ids) < length:
-            rng = random.Random(f"{trajectory_id}@{len(ids)}")
-            ids.extend(
-                rng.randrange(FIRST_PLAIN_ID, self.vocab_size) for _ in range(length - len(ids))
-            )
-        return list(ids)
+        ids = self._session(trajectory_id)
+        self._resize(ids, trajectory_id, length)
+        self._evict()
+        return ids.tolist()
 
     def extend(self, trajectory_id: str, new_ids: list[int]) -> None:
-        self.ids.setdefault(trajectory_id, []).extend(new_ids)
+        self._session(trajectory_id).extend(new_ids)
+        self._tokens += len(new_ids)
+        self._evict()
 
     def forget(self, trajectory_id: str) -> None:
-        self.ids.pop(trajectory_id, None)
+        ids = self.ids.pop(trajectory_id, None)
+        if ids is not None:
+            self._tokens -= len(ids)
+
+    def _evict(self) -> None:
+        while self._tokens > self.max_tokens and len(self.ids) > 1:
+            _, ids = self.ids.popitem(last=False)
+            self._tokens -= len(ids)
 
 
 def read_vocab_size(model_path: str) -> int:
@@ -121,10 +153,36 @@ class LocalVllm:
         self.settings = settings
         self.tp = tp
         self._llm: Any = None
+        self.kv_usage = 0.0  # fraction of the KV cache in use, as vLLM last reported it
 
     @property
     def is_healthy(self) -> bool:
         return self._llm is not None and not self._llm.errored
+
+    def _kv_logger(self) -> Any:
+        """A vLLM stat logger that keeps the KV cache use of each scheduler step."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        owner = self
+
+        class KvUse(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
+                if scheduler_stats is not None:
+                    owner.kv_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return KvUse
 
     @property
     def block_size(self) -> int:
@@ -142,7 +200,9 @@ class LocalVllm:
         started = time.monotonic()
         # Building the engine blocks (it waits for the engine core process to load).
         self._llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, self.settings.engine_args(self.tp)
+            AsyncLLM.from_engine_args,
+            self.settings.engine_args(self.tp),
+            stat_loggers=[self._kv_logger()],
         )
         log.info("vLLM instance %s up in %.1f s", self.instance_id, time.monotonic() - started)
 
@@ -181,6 +241,8 @@ class LocalVllm:
 
 class VllmBackend(Protocol):
     """Where an instance's vLLM runs: `LocalVllm`, or a Ray actor (`engines/ray_host.py`)."""
+
+    kv_usage: float
 
     @property
     def is_healthy(self) -> bool: ...
@@ -221,6 +283,11 @@ class VllmEngine:
     @property
     def block_size(self) -> int:
         return self.backend.block_size
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the instance's KV cache in use (vLLM's scheduler stats)."""
+        return self.backend.kv_usage
 
     async def start(self) -> None:
         await self.backend.start()

@@ -53,6 +53,8 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+# Two vLLM instances with batches a CPU runs (examples/cluster-cpu.yaml says the same).
+CPU_CLUSTER = ClusterConfig(num_gpus=2, max_num_seqs=32, max_num_batched_tokens=4096)
 EngineOpt = Annotated[
     str | None,
     typer.Option("--engine", help="simulated or vllm (overrides the cluster file's engine.kind)."),
@@ -66,8 +68,12 @@ ModelOpt = Annotated[
 def _cluster(
     path: Path | None, engine: str | None = None, model: Path | None = None
 ) -> ClusterConfig:
-    """The cluster file (or the default), with the engine the command line names."""
-    cfg = ClusterConfig() if path is None else load_cluster(path)
+    """The cluster file (or the default), with the engine the command line names. vLLM
+    engines without a cluster file: two instances (`CPU_CLUSTER`), what a CPU holds."""
+    if path is not None:
+        cfg = load_cluster(path)
+    else:
+        cfg = CPU_CLUSTER if engine == "vllm" else ClusterConfig()
     if engine is None and model is None:
         return cfg
     where = "--engine/--model"

@@ -186,7 +186,10 @@ class EngineHost:
         self._offer(plan)
         if self.pool is None:
             return
-        self.service.observe_loads({iid: self.load(iid) for iid in self._workers})
+        hosted = [i for i in self._workers if i in self.pool.engines]
+        self.service.observe_loads(
+            {i: self.pool[i].load for i in hosted}, {i: self.pool[i].kv_usage for i in hosted}
+        )
         wanted = {i.instance_id: i for i in plan.instances}
         for iid in [i for i in self._workers if i not in wanted]:
             await self._stop(iid)

@@ -38,6 +38,7 @@ class InstanceState:
     num_sessions: int = 0  # unfinished trajectories whose last step ran here
     tp: int = 1
     role: str = ""
+    kv_usage: float = 0.0  # fraction of its KV cache in use, as the engine last reported
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class SchedulerService:
         self.instance_ids: list[str] = []
         self.tps: dict[str, int] = {}
         self.in_flight: dict[str, int] = {}
+        self.kv_usage: dict[str, float] = {}
         self._last_instance: dict[str, str] = {}
         # Policies by (name, batch): "" for the shared one of a policy that plans nothing.
         self._policies: dict[tuple[str, str], Policy] = {}
@@ -117,13 +118,17 @@ class SchedulerService:
                 if iid in ours:
                     self._policies[key].on_instance_ready(InstanceSpec(ours[iid], tps[iid]))
 
-    def observe_loads(self, loads: Mapping[str, int]) -> None:
-        """The steps each hosted engine holds now. A restarted service counts from zero
-        while the steps that were in flight run on (retried by their workflows); a count
-        is never left below what its engine holds, so those steps are seen again."""
+    def observe_loads(
+        self, loads: Mapping[str, int], kv_usage: Mapping[str, float] | None = None
+    ) -> None:
+        """What each hosted engine reports: the steps it holds and its KV cache use. A
+        restarted service counts from zero while the steps that were in flight run on
+        (retried by their workflows); a count is never left below what its engine holds,
+        so those steps are seen again."""
         for iid, load in loads.items():
             if iid in self.in_flight:
                 self.in_flight[iid] = max(self.in_flight[iid], load)
+        self.kv_usage.update(kv_usage or {})
 
     def reshapes(self, now: float) -> list[tuple[list[str], str, int]]:
         """Changes the planning policies want to the split during rollout (the
@@ -196,7 +201,11 @@ class SchedulerService:
         sessions = Counter(self._last_instance.values())
         states = [
             InstanceState(
-                ours[i], num_in_flight=self.in_flight[i], num_sessions=sessions[i], tp=self.tps[i]
+                ours[i],
+                num_in_flight=self.in_flight[i],
+                num_sessions=sessions[i],
+                tp=self.tps[i],
+                kv_usage=self.kv_usage.get(i, 0.0),
             )
             for i in live.values()
             if i in self.tps

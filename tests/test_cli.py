@@ -70,6 +70,25 @@ def test_bad_cluster_and_policy_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "s").exists()
 
 
+def test_a_vllm_engine_without_a_model_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=2))
+    state = tmp_path / "s"
+    result = heddle(
+        "rollout", "--trace", str(trace), "--engine", "vllm", "--model", str(tmp_path / "none"),
+        "--state-dir", str(state),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "has no config.json" in result.stderr.replace("\n", "")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("num_gpus: 2\nengine:\n  kind: vllm\n")
+    result = heddle(
+        "rollout", "--trace", str(trace), "--cluster", str(cluster), "--state-dir", str(state)
+    )
+    assert result.returncode == 2
+    assert f"{cluster}:3: field 'engine.model_path'" in result.stderr.replace("\n", "")
+    assert not state.exists()
+
+
 def test_trace_gen_and_validate(tmp_path: Path) -> None:
     out = tmp_path / "g.jsonl"
     assert (

@@ -44,8 +44,9 @@ def test_a_restarted_service_counts_the_steps_its_engines_still_hold() -> None:
     assert service.in_flight == {"i0": 3, "i1": 0}
     service.report(StepReport("t0", "i0", 0, 10))
     assert service.in_flight["i0"] == 2
-    service.observe_loads({"i0": 1})  # never lowered: decided steps may not have arrived
-    assert service.in_flight["i0"] == 2
+    service.observe_loads({"i0": 1}, {"i0": 0.25})  # never lowered: decided steps may not
+    assert service.in_flight["i0"] == 2  # have arrived yet
+    assert service.kv_usage == {"i0": 0.25}
 
 
 def test_anticipate_is_for_policies_that_move_trajectories() -> None:

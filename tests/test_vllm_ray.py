@@ -65,8 +65,9 @@ def test_an_actor_that_dies_fails_its_step_with_engine_dead(ray_engine: Any) -> 
 
     async def run() -> None:
         step = asyncio.create_task(engine.generate(EngineRequest("k1", "t-k", 100, 3000)))
-        while not engine.running_decodes():  # noqa: ASYNC110 (polls the engine)
+        while sum(r.num_output_tokens for r in engine.running_decodes()) < 20:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        assert engine.kv_usage > 0  # streamed back from the actor
         engine.backend.kill()
         with pytest.raises(EngineDead) as dead:
             await step
