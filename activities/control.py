@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
@@ -21,6 +22,7 @@ from workflows.control import ClusterControlWorkflow
 MAX_BATCH = 1_000_000
 
 POLL_S = 0.1
+CLAIM_POLL_S = 1.0
 # Idle this long before an instance counts as drained: every process has then read the
 # plan that marks it draining, so no new step is decided for it.
 SETTLE_S = 4 * RECONCILE_EVERY_S
@@ -53,13 +55,41 @@ class ControlActivities:
         except ValueError as exc:  # e.g. a learning policy with no earlier batch
             raise ApplicationError(str(exc), type="PlanError", non_retryable=True) from exc
 
+    def _control(self) -> WorkflowHandle[ClusterControlWorkflow, None]:
+        return activity.client().get_workflow_handle_for(
+            ClusterControlWorkflow.run, control_workflow_id(self.host.prefix)
+        )
+
+    @activity.defn(name=names.CLAIM_SPLIT)
+    async def claim_split(self, batch_id: str) -> None:
+        """Wait until this batch holds the cluster's split. A holder that is no longer
+        running (finished without releasing, failed, terminated) is freed."""
+        handle = self._control()
+        client = activity.client()
+        async with heartbeating():
+            while True:
+                plan = await handle.query(ClusterControlWorkflow.plan)
+                if plan.owner in ("", batch_id):
+                    owner = await handle.execute_update(ClusterControlWorkflow.claim, batch_id)
+                    if owner == batch_id:
+                        return
+                else:
+                    owner = plan.owner
+                holder = await client.get_workflow_handle(owner).describe()
+                if holder.status != WorkflowExecutionStatus.RUNNING:
+                    await handle.execute_update(ClusterControlWorkflow.release, owner)
+                    continue
+                await asyncio.sleep(CLAIM_POLL_S)
+
+    @activity.defn(name=names.RELEASE_SPLIT)
+    async def release_split(self, batch_id: str) -> None:
+        await self._control().execute_update(ClusterControlWorkflow.release, batch_id)
+
     @activity.defn(name=names.APPLY_SPLIT)
     async def apply_split(self, instances: list[InstancePlan]) -> None:
         """Reshape the cluster to `instances` (every current instance retired), unless it
         already runs them; waits until the reshape has run."""
-        handle = activity.client().get_workflow_handle_for(
-            ClusterControlWorkflow.run, control_workflow_id(self.host.prefix)
-        )
+        handle = self._control()
         plan = await handle.query(ClusterControlWorkflow.plan)
         now = sorted((i.instance_id, i.tp, i.first_gpu) for i in plan.instances)
         if now == sorted((i.instance_id, i.tp, i.first_gpu) for i in instances):

@@ -302,6 +302,9 @@ class ClusterPlan:
     tp_choices: list[int]
     instances: list[InstancePlan] = field(default_factory=list)
     version: int = 0
+    # The planning batch whose split the cluster runs ("" when none holds it): a second
+    # planning batch waits for it to finish before planning its own.
+    owner: str = ""
 
 
 @dataclass

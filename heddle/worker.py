@@ -154,6 +154,8 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 activities=[
                     control_acts.wait_drained,
                     control_acts.wait_started,
+                    control_acts.claim_split,
+                    control_acts.release_split,
                     control_acts.plan_batch,
                     control_acts.apply_split,
                     control_acts.migrate_kv,

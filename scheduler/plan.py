@@ -65,7 +65,9 @@ def check_change(plan: ClusterPlan, change: PlanChange) -> None:
 
 def _with(plan: ClusterPlan, instances: list[InstancePlan]) -> ClusterPlan:
     instances = sorted(instances, key=lambda i: i.first_gpu)
-    return ClusterPlan(plan.num_gpus, list(plan.tp_choices), instances, plan.version + 1)
+    return ClusterPlan(
+        plan.num_gpus, list(plan.tp_choices), instances, plan.version + 1, plan.owner
+    )
 
 
 def mark_draining(plan: ClusterPlan, ids: Sequence[str]) -> ClusterPlan:

@@ -223,3 +223,37 @@ def test_a_policy_reshapes_the_cluster_during_its_rollout(
             assert split.ready[-1] == "m"  # told when its instance came up
 
     asyncio.run(run())
+
+
+def test_planned_batches_take_turns_with_the_cluster(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    """Two Heddle batches started together: the second plans and reshapes the cluster
+    only once the first has finished, so neither runs on the other's split."""
+    from heddle.workloads import generate
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02
+        ) as client:
+            earlier = await client.start_rollout(
+                records=generate("math", prompts=1, samples=6, seed=4, iteration=0)
+            )
+            await asyncio.wait_for(earlier.report(), 120)
+            batches = [
+                await client.start_rollout(
+                    records=generate("math", prompts=1, samples=6, seed=4, iteration=k),
+                    options=RolloutOptions(policy="heddle"),
+                )
+                for k in (1, 2)
+            ]
+            first, second = [await asyncio.wait_for(b.report(), 180) for b in batches]
+            assert (first.completed, second.completed) == (6, 6)
+            rows = await client.list_trajectories(second.batch_id)
+            assert min(r["started_at"] for r in rows) >= first.finished_at
+            plan = await client.cluster_plan()
+            assert plan.owner == ""  # the last one released it
+            tag = second.batch_id.rsplit("-", 1)[-1][:8]
+            assert all(i.instance_id.startswith(f"{tag}-") for i in plan.instances)
+
+    asyncio.run(run())

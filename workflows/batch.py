@@ -31,6 +31,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.trajectory import TrajectoryWorkflow
 
 
+# Batches started before planned batches took turns replay without the claim.
+CLAIM_PATCH = "claim-split"
+
+
 @workflow.defn(name="RolloutBatchWorkflow")
 class RolloutBatchWorkflow:
     def __init__(self) -> None:
@@ -59,6 +63,17 @@ class RolloutBatchWorkflow:
             retry_policy=policy.STORE_RETRY,
             result_type=BatchStart,
         )
+        claims = opts.plans_split and workflow.patched(CLAIM_PATCH)
+        if claims:
+            # One planned batch at a time: a second waits for the first to finish, then
+            # plans from it.
+            await workflow.execute_activity(
+                names.CLAIM_SPLIT,
+                inp.batch_id,
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.CLAIM_TIMEOUT,
+                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
+            )
         if opts.plans_split:
             # Heddle: the service plans the batch, the control workflow reshapes the
             # cluster to the planned split; steps start once it runs.
@@ -143,6 +158,14 @@ class RolloutBatchWorkflow:
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
         )
+        if claims:
+            await workflow.execute_activity(
+                names.RELEASE_SPLIT,
+                inp.batch_id,
+                task_queue=control_queue(opts.queue_prefix),
+                start_to_close_timeout=policy.STORE_TIMEOUT,
+                retry_policy=policy.STORE_RETRY,
+            )
         return report
 
     async def _start(self, inp: BatchInput, spec: TrajectorySpec) -> TrajectorySummary:

@@ -11,6 +11,7 @@ their GPUs, then the new ones take steps. The workflow continues as new every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 from temporalio import workflow
@@ -42,6 +43,7 @@ class ClusterControlWorkflow:
         await workflow.wait_condition(
             lambda: (
                 not self._lock.locked()
+                and workflow.all_handlers_finished()
                 and (
                     self._changes >= inp.changes_per_run
                     or workflow.info().is_continue_as_new_suggested()
@@ -79,6 +81,20 @@ class ClusterControlWorkflow:
             self._changes += 1
             workflow.logger.info("cluster reshaped: %s (%s)", change, change.reason)
             return self._plan
+
+    @workflow.update
+    def claim(self, batch_id: str) -> str:
+        """A planning batch asks for the cluster's split; returns who holds it now (the
+        caller holds it if that is itself). It does not wait: the caller polls, and frees
+        the split of a holder that is no longer running."""
+        if not self._plan.owner:
+            self._plan = dataclasses.replace(self._plan, owner=batch_id)
+        return self._plan.owner
+
+    @workflow.update
+    def release(self, batch_id: str) -> None:
+        if self._plan.owner == batch_id:
+            self._plan = dataclasses.replace(self._plan, owner="")
 
     @reshape.validator
     def check(self, change: PlanChange) -> None:

@@ -24,6 +24,8 @@ TOOL_TIMEOUT = timedelta(minutes=5)
 TOOL_HEARTBEAT = timedelta(seconds=10)
 # A batch plan (prediction, TP search, DP) and the reshape to its split (drain + restart).
 PLAN_TIMEOUT = timedelta(minutes=10)
+# A planned batch may wait this long for the one before it to finish.
+CLAIM_TIMEOUT = timedelta(days=2)
 RESHAPE_TIMEOUT = timedelta(hours=2)
 RESHAPE_HEARTBEAT = timedelta(seconds=30)
 MIGRATE_TIMEOUT = timedelta(minutes=1)
