@@ -355,6 +355,13 @@ def rollout(
     quiet: bool = False,
     engine: EngineOpt = None,
     model: ModelOpt = None,
+    central_scheduler: Annotated[
+        bool,
+        typer.Option(
+            help="Decide every step in the engine host's scheduler (workers on several "
+            "machines); default: each worker process decides its own trajectories' steps."
+        ),
+    ] = False,
 ) -> None:
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
     from heddle.client import HeddleClient, validate_options
@@ -385,6 +392,7 @@ def rollout(
             max_turns=max_turns,
             max_tokens=max_tokens,
             max_in_flight=max_in_flight,
+            central_scheduler=central_scheduler,
         )
         validate_options(options)
     except (InputError, ValueError) as exc:

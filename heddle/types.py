@@ -57,6 +57,10 @@ class RolloutOptions:
     # The policy plans the batch and the cluster's split before the first step (Heddle);
     # set by the client from the registry.
     plans_split: bool = False
+    # Every scheduler call goes to the engine host's service (an activity on its control
+    # queue) rather than to the service of the process running the workflow: one view of
+    # the cluster when workflow workers run on several machines. Planned batches always do.
+    central_scheduler: bool = False
 
 
 @dataclass

@@ -67,12 +67,15 @@ def worker_process(
     *,
     time_scale: float,
     cluster: ClusterConfig = SMALL_CLUSTER,
+    engines: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """A worker in its own process, as `heddle worker` runs it."""
+    """A worker in its own process, as `heddle worker` runs it (hosting the engines, or
+    not: one process of a stack does)."""
     argv = [
         sys.executable, "-m", "heddle.cli", "worker", "--address", address, "--store", store_url,
         "--cluster-json", json.dumps(cluster.model_dump(mode="json")),
         "--time-scale", str(time_scale), "--queue-prefix", prefix,
+        "--engines" if engines else "--no-engines",
     ]  # fmt: skip
     with open(log, "ab") as fh:
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -257,3 +257,59 @@ def test_planned_batches_take_turns_with_the_cluster(
             assert all(i.instance_id.startswith(f"{tag}-") for i in plan.instances)
 
     asyncio.run(run())
+
+
+def test_a_central_scheduler_decides_for_workers_on_other_machines(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """Two worker processes, as on two machines: only one hosts the engines. With the
+    central scheduler every step is decided by that host's service, whichever process
+    runs the trajectory."""
+    from heddle.workloads import generate
+
+    records = generate("math", prompts=2, samples=8, seed=2)
+    log = tmp_path / "workers.log"
+
+    async def run() -> None:
+        host = worker_process(temporal_address, store_url, queue_prefix, log, time_scale=0.02)
+        other = worker_process(
+            temporal_address, store_url, queue_prefix, log, time_scale=0.02, engines=False
+        )
+        try:
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                await _plan_when_up(client)
+                handle = await client.start_rollout(
+                    records=records, options=RolloutOptions(central_scheduler=True)
+                )
+                report = await asyncio.wait_for(handle.report(), 120)
+                assert report.completed == len(records)
+                runners, deciders = set(), set()
+                for r in records:
+                    history = await client.temporal.get_workflow_handle(
+                        f"{handle.batch_id}/{r.spec.trajectory_id}"
+                    ).fetch_history()
+                    names = {
+                        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+                        for e in history.events
+                        if e.HasField("activity_task_scheduled_event_attributes")
+                    }
+                    for e in history.events:
+                        if e.HasField("workflow_task_completed_event_attributes"):
+                            runners.add(e.workflow_task_completed_event_attributes.identity)
+                        if e.HasField("activity_task_started_event_attributes"):
+                            started = e.activity_task_started_event_attributes
+                            if names[started.scheduled_event_id] == "decide":
+                                deciders.add(started.identity)
+                    steps = sum(1 for n in names.values() if n == "decide")
+                    assert steps == len(r.spec.steps)  # every decide an activity, none local
+                assert deciders == {d for d in deciders if d.startswith(f"{host.pid}@")}
+                assert len(deciders) == 1
+                assert any(not r.startswith(f"{host.pid}@") for r in runners)
+        finally:
+            kill_process(host)
+            kill_process(other)
+
+    asyncio.run(run())

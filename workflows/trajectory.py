@@ -355,9 +355,10 @@ class TrajectoryWorkflow:
         self, opts: RolloutOptions, name: str, arg: Any, result_type: Any = None
     ) -> Any:
         """A call to the scheduler service: a local activity (the service of this worker
-        process), or, for a policy that planned the batch, an activity on the engine
-        host's queue, whose service holds the plan whichever process runs this workflow."""
-        if opts.plans_split:
+        process), or an activity on the engine host's queue, whose service holds the whole
+        cluster's view whichever process runs this workflow (a planned batch, or a batch
+        that asked for the central scheduler)."""
+        if opts.plans_split or opts.central_scheduler:
             return await workflow.execute_activity(
                 name,
                 arg,
