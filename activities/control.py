@@ -15,17 +15,64 @@ from heddle import activity_names as names
 from heddle.engine_host import RECONCILE_EVERY_S, EngineHost
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
-from heddle.types import BatchPlanRequest, InstancePlan, MigrateRequest, PlanChange
+from heddle.types import (
+    BatchPlanRequest,
+    InstancePlan,
+    MigrateRequest,
+    PlanChange,
+    TrajectoryDone,
+)
+from scheduler.service import SchedulerService
 from workflows.control import ClusterControlWorkflow
 
-# Specs a batch plan reads at once from the store (a batch is at most this large).
+# Specs a batch plan reads at once from the store (a batch is at most this large), and
+# the batches it looks back over for the one before it.
 MAX_BATCH = 1_000_000
+MAX_BATCHES = 1_000
 
 POLL_S = 0.1
 CLAIM_POLL_S = 1.0
 # Idle this long before an instance counts as drained: every process has then read the
 # plan that marks it draining, so no new step is decided for it.
 SETTLE_S = 4 * RECONCILE_EVERY_S
+
+
+async def plan_from_store(
+    store: TrajectoryStore, service: SchedulerService, policy: str, batch_id: str
+) -> list[InstancePlan]:
+    """Plan a batch in `service` from its specs and the batch created just before it."""
+    specs = await asyncio.to_thread(store.load_specs, batch_id, 0, MAX_BATCH)
+    batches = [b["batch_id"] for b in await asyncio.to_thread(store.list_batches, MAX_BATCHES)]
+    before = batches[batches.index(batch_id) + 1 :] if batch_id in batches else batches
+    history = await asyncio.to_thread(store.load_specs, before[0], 0, MAX_BATCH) if before else []
+    return await asyncio.to_thread(service.plan_batch, policy, batch_id, specs, history)
+
+
+class Replanner:
+    """A restarted scheduler service has lost its planned batches: the first decide of
+    one plans it again from the store (planning is deterministic: the same split the
+    cluster runs), and its finished trajectories leave the plan's ranking."""
+
+    def __init__(self, store: TrajectoryStore, service: SchedulerService) -> None:
+        self.store = store
+        self.service = service
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, policy: str, batch_id: str) -> None:
+        async with self._lock:
+            if self.service.is_planned(policy, batch_id):
+                return
+            await plan_from_store(self.store, self.service, policy, batch_id)
+            rows = await asyncio.to_thread(self.store.list_trajectories, batch_id, limit=MAX_BATCH)
+            for row in rows:
+                if row["status"] in ("completed", "failed"):
+                    self.service.finished(
+                        TrajectoryDone(
+                            row["trajectory_id"], row["group_id"], row["generated_tokens"],
+                            row["turns"], policy, batch_id,
+                        )
+                    )  # fmt: skip
+            activity.logger.info("batch %s (%s) planned again after a restart", batch_id, policy)
 
 
 class ControlActivities:
@@ -37,20 +84,9 @@ class ControlActivities:
     async def plan_batch(self, request: BatchPlanRequest) -> list[InstancePlan]:
         """The policy plans the batch from its specs, learning from the latest earlier
         batch in the store; returns the split it wants."""
-        specs = await asyncio.to_thread(self.store.load_specs, request.batch_id, 0, MAX_BATCH)
-        earlier = [
-            b["batch_id"]
-            for b in await asyncio.to_thread(self.store.list_batches, 2)
-            if b["batch_id"] != request.batch_id
-        ]
-        history = (
-            await asyncio.to_thread(self.store.load_specs, earlier[0], 0, MAX_BATCH)
-            if earlier
-            else []
-        )
         try:
-            return await asyncio.to_thread(
-                self.host.service.plan_batch, request.policy, request.batch_id, specs, history
+            return await plan_from_store(
+                self.store, self.host.service, request.policy, request.batch_id
             )
         except ValueError as exc:  # e.g. a learning policy with no earlier batch
             raise ApplicationError(str(exc), type="PlanError", non_retryable=True) from exc

@@ -116,6 +116,10 @@ class DecideRequest:
     tool_path: list[str] = field(default_factory=list)
     recent_output_tokens: list[int] = field(default_factory=list)
     batch_id: str = ""
+    # Where its last step ran (the workflow's own record: a restarted service forgot).
+    previous_instance: str = ""
+    # Its batch was planned (Heddle): a service that lost the plan plans it again.
+    planned: bool = False
 
 
 @dataclass

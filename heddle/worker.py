@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.control import ControlActivities
+from activities.control import ControlActivities, Replanner
 from activities.scheduler import SchedulerActivities
 from activities.store import StoreActivities
 from activities.toolkit import default_registry
@@ -116,7 +116,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     store_acts = StoreActivities(
         store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)
     )
-    sched_acts = SchedulerActivities(service=service)
+    sched_acts = SchedulerActivities(service=service, replan=Replanner(store, service))
     tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
     workers = [
         Worker(

@@ -36,6 +36,16 @@ from scheduler.interface import (
 from scheduler.plan import initial_plan
 from scheduler.registry import create_policy
 
+
+class BatchNotPlanned(LookupError):
+    """A planned batch's decide reached a service without its plan (it restarted)."""
+
+    def __init__(self, policy: str, batch_id: str) -> None:
+        super().__init__(f"batch {batch_id} ({policy}) is not planned in this service")
+        self.policy = policy
+        self.batch_id = batch_id
+
+
 PRIORITY_BUCKETS = 5
 PRIORITY_WINDOW = 1024
 
@@ -146,14 +156,19 @@ class SchedulerService:
                 )  # fmt: skip
         return wanted
 
-    def _key(self, name: str, batch_id: str) -> tuple[str, str]:
+    def _key(self, name: str, batch_id: str, planned: bool = False) -> tuple[str, str]:
         key = (name, batch_id)
+        if planned and key not in self._policies:
+            raise BatchNotPlanned(name, batch_id)
         if key not in self._policies:
             key = (name, "")
             if key not in self._policies:
                 self._policies[key] = create_policy(name, self.context)
                 self._buckets[key] = PriorityBuckets()
         return key
+
+    def is_planned(self, name: str, batch_id: str) -> bool:
+        return (name, batch_id) in self._policies
 
     def plan_batch(
         self,
@@ -163,7 +178,9 @@ class SchedulerService:
         history: Sequence[TrajectorySpec],
     ) -> list[InstancePlan]:
         """Plan a batch before its first step (Heddle: forecast, TP split, groups); the
-        split comes back as the cluster's instances, under ids of this batch."""
+        split comes back as the cluster's instances, under ids of this batch. Planning is
+        deterministic, so a restarted service that plans the batch again from the store
+        gets the split the cluster runs."""
         ctx = replace(self.context, history=tuple(history), truth=tuple(specs))
         policy = create_policy(name, ctx)
         policy.on_batch_start(
@@ -212,13 +229,17 @@ class SchedulerService:
         ]
         return live, ours, states
 
+    def _previous(self, request: DecideRequest) -> str | None:
+        """Where the trajectory last ran: this service's record, else the workflow's."""
+        return self._last_instance.get(request.trajectory_id) or request.previous_instance or None
+
     def decide(self, request: DecideRequest, now: float) -> Decision:
-        key = self._key(request.policy, request.batch_id)
+        key = self._key(request.policy, request.batch_id, request.planned)
         live, ours, states = self._view(key)
         if not states:
             # The decide activity is retried: steps wait for the plan, not fail.
             raise RuntimeError("no engine instance of this batch's plan takes steps yet")
-        previous = self._last_instance.get(request.trajectory_id)
+        previous = self._previous(request)
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
         decision = self._policies[key].decide(step_event(request, previous_ours), states, now)
@@ -240,9 +261,9 @@ class SchedulerService:
         before the tool's result) and return the move its new rank calls for, if any: the
         workflow migrates it while the tool runs, and the next decide finds it there. No
         step starts, so nothing is counted in flight."""
-        key = self._key(request.policy, request.batch_id)
+        key = self._key(request.policy, request.batch_id, request.planned)
         policy = self._policies[key]
-        previous = self._last_instance.get(request.trajectory_id)
+        previous = self._previous(request)
         live, ours, states = self._view(key)
         if not policy.migrates or previous not in ours or not states:
             return None
@@ -299,6 +320,11 @@ class SchedulerService:
     def finished(self, done: TrajectoryDone) -> None:
         self._last_instance.pop(done.trajectory_id, None)
         self._last_request.pop(done.trajectory_id, None)
-        self._policies[self._key(done.policy, done.batch_id)].on_trajectory_done(
-            done.trajectory_id, done.group_id, done.generated_tokens, done.turns
-        )
+        key = (done.policy, done.batch_id)
+        if key not in self._policies:
+            key = (done.policy, "")
+        policy = self._policies.get(key)  # none: it decided nothing here (a restart)
+        if policy is not None:
+            policy.on_trajectory_done(
+                done.trajectory_id, done.group_id, done.generated_tokens, done.turns
+            )

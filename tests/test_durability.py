@@ -78,3 +78,51 @@ def test_worker_killed_mid_batch_and_restarted(
         assert count.count == 64
 
     asyncio.run(run())
+
+
+def test_heddle_batch_survives_its_engine_host_restart(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """The engine host holds a Heddle batch's plan in its scheduler service (soft state).
+    Killed mid-batch and restarted, it plans the batch again from the store on the first
+    decide (the same split the cluster runs) and the batch completes, nothing lost."""
+    earlier = generate("coding", prompts=1, samples=16, seed=7, iteration=0)
+    records = generate("coding", prompts=1, samples=16, seed=7, iteration=1)
+    log = tmp_path / "worker.log"
+    time_scale = 0.1
+
+    async def run() -> None:
+        client = await HeddleClient.connect(
+            temporal_address, store_url=store_url, queue_prefix=queue_prefix
+        )
+        worker = worker_process(
+            temporal_address, store_url, queue_prefix, log, time_scale=time_scale
+        )
+        try:
+            first = await client.start_rollout(records=earlier)
+            await asyncio.wait_for(first.report(), 180)
+            handle = await client.start_rollout(
+                records=records, options=RolloutOptions(policy="heddle")
+            )
+            deadline = time.monotonic() + 120
+            while True:
+                p = await handle.progress()
+                if p["completed"] >= 2 and p["running"] >= 4:
+                    break
+                assert time.monotonic() < deadline, f"batch made no progress: {p}"
+                await asyncio.sleep(0.2)
+            kill_process(worker)
+            worker = worker_process(
+                temporal_address, store_url, queue_prefix, log, time_scale=time_scale
+            )
+            report = await asyncio.wait_for(handle.report(), 300)
+            plan = await client.cluster_plan()
+        finally:
+            kill_process(worker)
+        assert report.completed == len(records)
+        assert report.generated_tokens == sum(r.spec.generated_tokens for r in records)
+        assert "planned again after a restart" in log.read_text()
+        tag = handle.batch_id.rsplit("-", 1)[-1][:8]
+        assert all(i.instance_id.startswith(f"{tag}-") for i in plan.instances)
+
+    asyncio.run(run())

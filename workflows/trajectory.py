@@ -62,7 +62,9 @@ class _Seen:
         self.tool_path = [*self.tool_path, tool_state(tool, result.output_tokens, result.status)]
         self.context += result.output_tokens
 
-    def request(self, inp: TrajectoryInput, step_index: int, generated: int) -> DecideRequest:
+    def request(
+        self, inp: TrajectoryInput, step_index: int, generated: int, instance: str
+    ) -> DecideRequest:
         spec = inp.spec
         return DecideRequest(
             trajectory_id=spec.trajectory_id,
@@ -79,6 +81,8 @@ class _Seen:
             tool_path=self.tool_path,
             recent_output_tokens=self.recent_outputs[-4:],
             batch_id=inp.batch_id,
+            previous_instance=instance,
+            planned=inp.options.plans_split,
         )
 
 
@@ -121,7 +125,7 @@ class TrajectoryWorkflow:
                     break
                 budget = opts.max_tokens - self._generated
                 new_tokens = min(step.output_tokens, budget)
-                request = seen.request(inp, index, self._generated)
+                request = seen.request(inp, index, self._generated, self._instance)
                 decision = await self._scheduler(opts, names.DECIDE, request, Decision)
                 if decision.migrate and self._instance and self._instance != decision.instance_id:
                     # Its KV moves to the new instance instead of being recomputed there.
@@ -183,7 +187,7 @@ class TrajectoryWorkflow:
                     )
                     if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
                         # Its re-prediction from this step's output, hidden by the tool.
-                        ahead = seen.request(inp, index + 1, self._generated)
+                        ahead = seen.request(inp, index + 1, self._generated, self._instance)
                         await self._move_during_tool(opts, ahead)
                     tool = await tool_call
                     seen.add_tool(step.tool, tool)
