@@ -133,7 +133,6 @@ class HeddlePlanner:
                 self._active.pop(i)
         if self.predictor is not None:
             self.predictor.memory.sibling_finished(group_id, generated_tokens)
-            self.predictor.forget(tid)
         if self.layout is not None and self._active and len(self._active) < self._replan_below:
             self._replan()
 

@@ -149,7 +149,6 @@ class RemainingPredictor:
     def __init__(self, booster: lightgbm.Booster, memory: GroupMemory) -> None:
         self.booster = booster
         self.memory = memory
-        self._errors: dict[str, int] = defaultdict(int)
 
     @classmethod
     def train(
@@ -164,9 +163,8 @@ class RemainingPredictor:
         return cls(booster, GroupMemory.from_history(history))
 
     def event_row(self, event: StepEvent) -> list[float]:
-        if event.last_tool_status not in (None, "ok"):
-            # Counted once per step: the event of step k reports the tool of step k-1.
-            self._errors[event.trajectory_id] += 1
+        """The features of an event. Stateless: a trajectory may be shown more than once
+        per step (a mid-step review, the re-prediction during its tool call)."""
         return _row(
             prompt_tokens=event.prompt_tokens,
             step_index=event.step_index,
@@ -176,7 +174,7 @@ class RemainingPredictor:
             last_status=event.last_tool_status,
             last_tool_output=event.last_tool_output_tokens,
             recent=event.recent_output_tokens,
-            errors=self._errors[event.trajectory_id],
+            errors=sum(1 for state in event.tool_path if not state.endswith(":ok")),
             siblings=self.memory.finished.get(event.group_id, []),
             prior=self.memory.prior.get(prompt_key(event.group_id)),
         )
@@ -188,8 +186,6 @@ class RemainingPredictor:
     def predict(self, event: StepEvent) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
 
-    def forget(self, trajectory_id: str) -> None:
-        self._errors.pop(trajectory_id, None)
 
 
 # ---- evaluation --------------------------------------------------------------------------
