@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
@@ -79,6 +80,15 @@ def worker_process(
     ]  # fmt: skip
     with open(log, "ab") as fh:
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def scheduled_activities(history: Any) -> dict[int, str]:
+    """A workflow history's scheduled activities: event id -> activity name."""
+    return {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
 
 
 def kill_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

@@ -20,7 +20,7 @@ from scheduler.plan import (
     mark_draining,
     swap_instances,
 )
-from tests.live import kill_process, live_client, worker_process
+from tests.live import kill_process, live_client, scheduled_activities, worker_process
 
 TWO_FROM_TWO = PlanChange(["i2", "i3"], [InstancePlan("w0", 2, 2)], "test: merge for the tail")
 
@@ -291,11 +291,7 @@ def test_a_central_scheduler_decides_for_workers_on_other_machines(
                     history = await client.temporal.get_workflow_handle(
                         f"{handle.batch_id}/{r.spec.trajectory_id}"
                     ).fetch_history()
-                    names = {
-                        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-                        for e in history.events
-                        if e.HasField("activity_task_scheduled_event_attributes")
-                    }
+                    names = scheduled_activities(history)
                     for e in history.events:
                         if e.HasField("workflow_task_completed_event_attributes"):
                             runners.add(e.workflow_task_completed_event_attributes.identity)

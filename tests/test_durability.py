@@ -6,11 +6,23 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from heddle.client import HeddleClient
 from heddle.types import RolloutOptions
 from heddle.workloads import generate
 from tests.live import kill_process, worker_process
+
+
+async def _mid_batch(handle: Any, *, completed: int, running: int) -> None:
+    """Wait until some trajectories finished and many are still generating."""
+    deadline = time.monotonic() + 120
+    while True:
+        p = await handle.progress()
+        if p["completed"] >= completed and p["running"] >= running:
+            return
+        assert time.monotonic() < deadline, f"batch made no progress: {p}"
+        await asyncio.sleep(0.2)
 
 
 def test_worker_killed_mid_batch_and_restarted(
@@ -31,14 +43,7 @@ def test_worker_killed_mid_batch_and_restarted(
         )
         try:
             handle = await client.start_rollout(records=records, options=RolloutOptions())
-            # Wait until some trajectories finished and many are still generating.
-            deadline = time.monotonic() + 120
-            while True:
-                p = await handle.progress()
-                if p["completed"] >= 4 and p["running"] >= 20:
-                    break
-                assert time.monotonic() < deadline, f"batch made no progress: {p}"
-                await asyncio.sleep(0.2)
+            await _mid_batch(handle, completed=4, running=20)
             before = await handle.progress()
             kill_process(worker)
             await asyncio.sleep(1.0)
@@ -104,13 +109,7 @@ def test_heddle_batch_survives_its_engine_host_restart(
             handle = await client.start_rollout(
                 records=records, options=RolloutOptions(policy="heddle")
             )
-            deadline = time.monotonic() + 120
-            while True:
-                p = await handle.progress()
-                if p["completed"] >= 2 and p["running"] >= 4:
-                    break
-                assert time.monotonic() < deadline, f"batch made no progress: {p}"
-                await asyncio.sleep(0.2)
+            await _mid_batch(handle, completed=2, running=4)
             kill_process(worker)
             worker = worker_process(
                 temporal_address, store_url, queue_prefix, log, time_scale=time_scale

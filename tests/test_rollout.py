@@ -13,7 +13,7 @@ from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.placement import LeastLoaded
 from scheduler.registry import PLANS_SPLIT, policy_names
-from tests.live import live_client
+from tests.live import live_client, scheduled_activities
 
 
 async def count_workflows(client: Client, query: str, expected: int, timeout_s: float = 20) -> int:
@@ -303,11 +303,7 @@ def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
                 history = await client.temporal.get_workflow_handle(
                     f"{handle.batch_id}/{r.spec.trajectory_id}"
                 ).fetch_history()
-                scheduled = {
-                    e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-                    for e in history.events
-                    if e.HasField("activity_task_scheduled_event_attributes")
-                }
+                scheduled = scheduled_activities(history)
                 order = [scheduled[e.event_id] for e in history.events if e.event_id in scheduled]
                 assert order.count("migrate_kv") == 3
                 # Each move starts while the tool call runs: after the tool is scheduled
@@ -387,11 +383,7 @@ def test_a_long_decode_moves_mid_step_and_makes_each_token_once(
             history = await client.temporal.get_workflow_handle(
                 f"{handle.batch_id}/long"
             ).fetch_history()
-            kinds = [
-                e.activity_task_scheduled_event_attributes.activity_type.name
-                for e in history.events
-                if e.HasField("activity_task_scheduled_event_attributes")
-            ]
+            kinds = list(scheduled_activities(history).values())
             assert kinds.count("generate") == 2  # the part on i0, the rest on i1
             assert kinds.count("migrate_kv") == 1
 
