@@ -85,10 +85,6 @@ class EnginePool:
         self.engines: dict[str, Engine] = {}
         self.tps: dict[str, int] = {}
 
-    @property
-    def kind(self) -> str:
-        return "vllm" if self.vllm else "simulated"
-
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:
             assert self.sessions is not None
