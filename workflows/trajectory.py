@@ -260,9 +260,13 @@ class TrajectoryWorkflow:
 
     async def _move_during_tool(self, opts: RolloutOptions, request: DecideRequest) -> None:
         """Re-predict while the tool runs; when the new rank calls for another instance,
-        the KV moves there now, hidden behind the tool call. A failed move costs only a
-        recompute of the context on the new instance."""
-        move = await self._scheduler(opts, names.ANTICIPATE, request, Decision | None)
+        the KV moves there now, hidden behind the tool call. A failed re-prediction costs
+        the move; a failed move, a recompute of the context on the new instance."""
+        try:
+            move = await self._scheduler(opts, names.ANTICIPATE, request, Decision | None)
+        except ActivityError as exc:  # no move: the next decide places the step anyway
+            workflow.logger.warning("re-prediction during the tool call failed: %s", exc)
+            return
         if move is None or move.instance_id == self._instance:
             return
         try:
