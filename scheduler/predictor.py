@@ -187,7 +187,6 @@ class RemainingPredictor:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
 
 
-
 # ---- evaluation --------------------------------------------------------------------------
 def pearson(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) < 2:
