@@ -6,12 +6,13 @@ instances for the module, as `heddle worker` does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,14 @@ def _spec(tid: str, prompt: int, steps: list[tuple[int, int]], final: int) -> Tr
     return TrajectorySpec(tid, f"g-{tid[0]}", prompt, (*body, StepSpec(final)), "coding")
 
 
-async def _run(worker: VllmWorker, specs: list[TrajectorySpec], policy: str) -> Any:
+async def _run(
+    worker: VllmWorker,
+    specs: list[TrajectorySpec],
+    policy: str,
+    meanwhile: Callable[[HeddleClient, str], Awaitable[None]] | None = None,
+) -> Any:
+    """Roll `specs` out; `meanwhile(client, batch_id)` runs while the batch does. Returns
+    the report, each trajectory's steps from the store, and its history."""
     client = await HeddleClient.connect(
         worker.address, store_url=worker.store_url, queue_prefix=worker.prefix
     )
@@ -90,6 +98,8 @@ async def _run(worker: VllmWorker, specs: list[TrajectorySpec], policy: str) -> 
         handle = await client.start_rollout(
             records=[TraceRecord(spec=s) for s in specs], options=RolloutOptions(policy=policy)
         )
+        if meanwhile is not None:
+            await meanwhile(client, handle.batch_id)
         report = await asyncio.wait_for(handle.report(), 300)
         steps = {}
         for s in specs:
@@ -144,18 +154,30 @@ def _engine_core_pids(worker_pid: int) -> list[int]:
 def test_an_engine_killed_mid_step_costs_no_trajectory(vllm_worker: VllmWorker) -> None:
     import psutil
 
-    # Long decodes on both instances: the kill lands mid-step.
-    specs = [_spec(f"k{k}", 100, [(600, 20)], 900) for k in range(6)]
+    # Long first steps on both instances (several seconds each on 2 cores): the kill
+    # lands mid-decode once every trajectory has its first step on an engine.
+    specs = [_spec(f"k{k}", 100, [(3000, 20)], 600) for k in range(6)]
     cores = _engine_core_pids(vllm_worker.proc.pid)
     assert len(cores) == 2, cores
 
-    async def run() -> Any:
-        task = asyncio.create_task(_run(vllm_worker, specs, "least_loaded"))
-        await asyncio.sleep(4.0)  # the first steps are decoding
+    async def kill_mid_step(client: HeddleClient, batch_id: str) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            turns = []
+            for s in specs:
+                handle = client.temporal.get_workflow_handle(f"{batch_id}/{s.trajectory_id}")
+                with contextlib.suppress(Exception):  # not started yet
+                    turns.append((await handle.query("progress"))["turn"])
+            if len(turns) == len(specs) and min(turns) >= 1:
+                break
+            assert time.monotonic() < deadline, "the first steps never started"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # generating now: 3,000 tokens take longer than this
         psutil.Process(cores[0]).kill()
-        return await task
 
-    report, steps, history = asyncio.run(run())
+    report, steps, history = asyncio.run(
+        _run(vllm_worker, specs, "least_loaded", meanwhile=kill_mid_step)
+    )
     assert (report.completed, report.failed) == (6, 0)
     assert report.generated_tokens == sum(s.generated_tokens for s in specs)
     for spec in specs:
