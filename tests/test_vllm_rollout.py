@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig, EngineConfig
@@ -46,7 +47,9 @@ class VllmWorker:
     def wait_up(self, starts: dict[str, int], timeout_s: float = ENGINES_UP_S) -> None:
         deadline = time.monotonic() + timeout_s
         while any(self.starts()[i] < n for i, n in starts.items()):
-            assert self.proc.poll() is None, f"the worker exited: {self.log.read_text()[-3000:]}"
+            log = self.log.read_text()
+            assert self.proc.poll() is None, f"the worker exited: {log[-3000:]}"
+            assert "failed to start" not in log, f"an engine failed to start: {log[-3000:]}"
             assert time.monotonic() < deadline, "vLLM engines did not start"
             time.sleep(0.5)
 
@@ -63,7 +66,7 @@ def vllm_worker(
         num_gpus=2,
         max_num_seqs=16,
         max_num_batched_tokens=2048,
-        engine=EngineConfig(kind="vllm", model_path=str(model), max_model_len=4096, kv_cache_gib=1),
+        engine=EngineConfig(kind="vllm", model_path=str(model), max_model_len=8192, kv_cache_gib=1),
     )
     store_url = f"sqlite:///{root / 'store.db'}"
     prefix = f"v{uuid.uuid4().hex[:8]}-"
@@ -154,9 +157,10 @@ def _engine_core_pids(worker_pid: int) -> list[int]:
 def test_an_engine_killed_mid_step_costs_no_trajectory(vllm_worker: VllmWorker) -> None:
     import psutil
 
-    # Long first steps on both instances (several seconds each on 2 cores): the kill
-    # lands mid-decode once every trajectory has its first step on an engine.
-    specs = [_spec(f"k{k}", 100, [(3000, 20)], 600) for k in range(6)]
+    # Long first steps on both instances (42,000 tokens: 6 s or more at this model's
+    # ~7,000 tokens/s on 2 cores): the kill lands mid-decode once every trajectory has
+    # its first step on an engine.
+    specs = [_spec(f"k{k}", 100, [(7_000, 20)], 600) for k in range(6)]
     cores = _engine_core_pids(vllm_worker.proc.pid)
     assert len(cores) == 2, cores
 
@@ -172,7 +176,10 @@ def test_an_engine_killed_mid_step_costs_no_trajectory(vllm_worker: VllmWorker) 
                 break
             assert time.monotonic() < deadline, "the first steps never started"
             await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # generating now: 3,000 tokens take longer than this
+        await asyncio.sleep(1.0)  # generating now: 7,000 tokens take far longer
+        assert (await client.temporal.get_workflow_handle(batch_id).describe()).status == (
+            WorkflowExecutionStatus.RUNNING
+        ), "the batch ended before the kill"
         psutil.Process(cores[0]).kill()
 
     report, steps, history = asyncio.run(
