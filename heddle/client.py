@@ -8,6 +8,7 @@ async with await HeddleClient.connect("127.0.0.1:7233") as heddle:
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from heddle.config import BatchSpec
 from heddle.queues import control_workflow_id, trajectories_queue
@@ -27,6 +28,8 @@ from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
 from workflows.batch import RolloutBatchWorkflow
 from workflows.control import ClusterControlWorkflow
+
+log = logging.getLogger(__name__)
 
 TOOL_MODES = ("replay", "real")
 
@@ -55,7 +58,16 @@ class RolloutHandle:
         return await self.workflow.query(RolloutBatchWorkflow.progress)
 
     async def report(self) -> BatchReport:
-        return await self.workflow.result()
+        """Wait for the batch's report. A server too busy to answer the long poll in time
+        (a deadline exceeded, unavailable) is asked again: the batch goes on regardless."""
+        while True:
+            try:
+                return await self.workflow.result()
+            except RPCError as exc:
+                if exc.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE):
+                    raise
+                log.warning("waiting for batch %s: %s; asking again", self.batch_id, exc)
+                await asyncio.sleep(1.0)
 
 
 class HeddleClient:

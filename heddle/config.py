@@ -38,6 +38,10 @@ class EngineConfig(BaseModel):
     hosting: Literal["process", "ray"] = "process"
     ray_address: str | None = None
     use_gpus: bool = False  # Ray: reserve TP GPUs per instance (False: one CPU)
+    # The engine processes' CPU niceness (0-19). None: 10 on vLLM's CPU build, where the
+    # engines share cores with the Temporal server and worker and would starve them
+    # (deadlines missed, heartbeats late); 0 on GPUs.
+    nice: Annotated[int, Field(ge=0, le=19)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

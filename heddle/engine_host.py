@@ -26,6 +26,7 @@ from heddle.types import ClusterPlan, ControlInput, InstancePlan, PlanChange
 from scheduler.interface import REVIEW_EVERY_S
 from scheduler.plan import active_instances
 from scheduler.service import SchedulerService
+from workflows import policy
 from workflows.control import ClusterControlWorkflow
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ RECONCILE_EVERY_S = 0.5
 # The engine is the queue: a worker takes every step sent to its instance and the engine
 # core orders them, so this bound only guards memory.
 MAX_STEPS_PER_ENGINE = 8192
+# A stopped instance's steps get this long to end (a dead engine's fail at once with
+# EngineDead, which the workflow must see: a step cancelled by the shutdown would be
+# retried on the same instance instead of decided again).
+STOP_GRACE = timedelta(seconds=10)
 
 
 async def ensure_control_workflow(
@@ -86,6 +91,10 @@ class EngineHost:
         self.prefix = prefix
         self.time_scale = time_scale
         self._workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
+        # The workers of instances whose engine died, kept polling until the instance is
+        # back: a step sent there meanwhile fails at once with EngineDead and is decided
+        # again, instead of waiting in the queue for the restart.
+        self._dead_workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._reshaping: set[asyncio.Task[ClusterPlan]] = set()
         self.plan: ClusterPlan | None = None
@@ -182,7 +191,8 @@ class EngineHost:
             for iid in self.pool.unhealthy():
                 self.mark_down(iid)
                 if iid in self._workers:
-                    await self._stop(iid)
+                    self._dead_workers[iid] = self._workers.pop(iid)
+                await self.pool.remove(iid)
         self._offer(plan)
         if self.pool is None:
             return
@@ -209,11 +219,16 @@ class EngineHost:
             await asyncio.sleep(delay_s)
             engine = await self.pool.add(instance_id, tp)
             acts = EngineActivities(engine=engine, on_dead=self.mark_down)
+            if instance_id in self._dead_workers:
+                # One worker per task queue in a process: the dead one goes first.
+                await _shutdown(*self._dead_workers.pop(instance_id))
             worker = Worker(
                 self.client,
                 task_queue=engine_queue(instance_id, self.prefix),
                 activities=[acts.generate],
                 max_concurrent_activities=MAX_STEPS_PER_ENGINE,
+                max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
+                graceful_shutdown_timeout=STOP_GRACE,
             )
             self._workers[instance_id] = (worker, asyncio.create_task(worker.run()))
             log.info("engine instance %s up at TP %d", instance_id, tp)
@@ -228,10 +243,7 @@ class EngineHost:
             self._starting.pop(instance_id, None)
 
     async def _stop(self, instance_id: str) -> None:
-        worker, task = self._workers.pop(instance_id)
-        await worker.shutdown()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await _shutdown(*self._workers.pop(instance_id))
         if self.pool is not None:
             await self.pool.remove(instance_id)
         log.info("engine instance %s stopped", instance_id)
@@ -241,3 +253,11 @@ class EngineHost:
             task.cancel()
         for iid in list(self._workers):
             await self._stop(iid)
+        for iid in list(self._dead_workers):
+            await _shutdown(*self._dead_workers.pop(iid))
+
+
+async def _shutdown(worker: Worker, task: asyncio.Task[None]) -> None:
+    await worker.shutdown()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

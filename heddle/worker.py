@@ -29,6 +29,7 @@ from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
 from scheduler.plan import initial_plan
 from scheduler.service import SchedulerService
+from workflows import policy
 from workflows.batch import RolloutBatchWorkflow
 from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -64,6 +65,7 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
         kv_cache_gib=engine.kv_cache_gib,
         enforce_eager=engine.enforce_eager,
         use_gpus=engine.use_gpus,
+        nice=engine.nice,
     )
 
 
@@ -143,6 +145,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
             task_queue=tools_queue(prefix),
             activities=[tool_acts.run_tool, tool_acts.reward],
             max_concurrent_activities=512,
+            max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
         ),
     ]
     if pool is not None:
@@ -165,6 +168,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     sched_acts.report_step,
                     sched_acts.report_done,
                 ],
+                max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
             )
         )
     if stop is None:

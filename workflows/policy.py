@@ -22,6 +22,10 @@ GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 TOOL_TIMEOUT = timedelta(minutes=5)
 TOOL_HEARTBEAT = timedelta(seconds=10)
+# How often a worker sends an activity's heartbeats on (Temporal's default is 80% of the
+# heartbeat timeout: 8 s of the 10, so a worker slowed 2 s by a busy machine times its
+# own steps out). Workers that run heartbeating activities pass this.
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 # A batch plan (prediction, TP search, DP) and the reshape to its split (drain + restart).
 PLAN_TIMEOUT = timedelta(minutes=10)
 # A planned batch may wait this long for the one before it to finish.
