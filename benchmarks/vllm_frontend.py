@@ -73,6 +73,7 @@ async def main(seqs: int, tokens: int) -> None:
             rows.append((detokenize, cpu, time.monotonic() - started))
     finally:
         llm.shutdown()
+        del llm  # collected now, not at interpreter exit (vLLM's __del__ shuts down again)
     print(f"{seqs} sequences x {tokens} tokens on one CPU instance of the tiny model")
     for detokenize, cpu, wall in rows:
         print(f"  detokenize={detokenize!s:5}  host CPU {cpu:6.2f} s  wall {wall:6.2f} s")

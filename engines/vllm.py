@@ -156,6 +156,24 @@ def _engine_nice(nice: int | None) -> int:
     return nice
 
 
+def lower_session(nice: int) -> bool:
+    """Lower this process's session as a whole: Linux schedules each session as one
+    group (autogroup) and shares the CPU between groups before niceness counts, so
+    niced engines in a session of their own still starve the Temporal server in another
+    (measured: a probe in another session saw its 10 ms sleeps end up to 33 s late while
+    two niced CPU engines decoded; `benchmarks/cpu_engine_starvation.py`). Only a session
+    leader does this (the stack and `heddle dev` start each worker in its own session):
+    a worker run from a terminal would lower the terminal's session. True if lowered."""
+    if nice <= 0 or os.getsid(0) != os.getpid():
+        return False
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroup (not Linux, or a kernel without it)
+        return False
+    return True
+
+
 async def _in_lowered_thread(build: Callable[[], T], nice: int) -> T:
     """Run `build` in a thread of its own at niceness `nice`: the processes it starts
     (vLLM's engine core and its workers) inherit it, every thread of them. On vLLM's CPU
@@ -242,10 +260,11 @@ class LocalVllm:
 
         started = time.monotonic()
         args = self.settings.engine_args(self.tp)
+        nice = _engine_nice(self.settings.nice)
+        lower_session(nice)
         # Building the engine blocks (it waits for the engine core process to load).
         self._llm = await _in_lowered_thread(
-            lambda: AsyncLLM.from_engine_args(args, stat_loggers=[self._kv_logger()]),
-            _engine_nice(self.settings.nice),
+            lambda: AsyncLLM.from_engine_args(args, stat_loggers=[self._kv_logger()]), nice
         )
         log.info("vLLM instance %s up in %.1f s", self.instance_id, time.monotonic() - started)
 
