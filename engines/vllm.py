@@ -193,8 +193,9 @@ async def _in_lowered_thread(build: Callable[[], T], nice: int) -> T:
 
     def run() -> None:
         try:
-            if nice > 0:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            tid = threading.get_native_id()
+            if nice > os.getpriority(os.PRIO_PROCESS, tid):  # lowered only, never raised
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
             result = build()
         except BaseException as exc:
             loop.call_soon_threadsafe(settle, None, exc)

@@ -5,6 +5,8 @@ step stopped to move. The engine starts once for the module."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,8 @@ from engines.request import EngineRequest
 from tests.real_engine import require_vllm, tiny_model, vllm_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+
+HOST_NICE_BEFORE: list[int] = []  # the host thread's niceness before the engine started
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +35,7 @@ def engine(
     sessions = TokenSessions(read_vocab_size(str(model)))
     eng = VllmEngine(instance_id="v0", backend=LocalVllm("v0", settings, tp=1), sessions=sessions)
     loop = asyncio.new_event_loop()
+    HOST_NICE_BEFORE.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     loop.run_until_complete(eng.start())
     try:
         yield eng, loop
@@ -108,3 +113,27 @@ def test_a_step_stopped_to_move_returns_what_it_made(engine: Any) -> None:
     # Its tokens stay in the trajectory's context for the instance it moves to.
     assert len(eng.sessions.ids["t-move"]) == 60 + result.output_tokens
     assert eng.load == 0
+
+
+def _thread_nice(pid: int) -> dict[int, int]:
+    """Each thread of a process and its niceness (Linux keeps one per thread)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[int(tid)] = int(fields[16])  # field 19 of stat: nice
+    return out
+
+
+def test_on_cpu_every_engine_thread_runs_at_lower_priority(engine: Any) -> None:
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    engine_procs = [p for p in children if "VLLM" in p.name() or "VLLM" in " ".join(p.cmdline())]
+    assert engine_procs, [p.name() for p in children]
+    host_nice = _thread_nice(os.getpid())[threading.get_native_id()]
+    for proc in engine_procs:
+        nice = _thread_nice(proc.pid)
+        assert set(nice.values()) == {max(10, host_nice)}, (proc.name(), nice)
+    # This process, the host, keeps its own.
+    assert host_nice == HOST_NICE_BEFORE[0]
