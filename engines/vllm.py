@@ -148,7 +148,8 @@ def read_vocab_size(model_path: str) -> int:
         return int(json.load(f)["vocab_size"])
 
 
-def _engine_nice(nice: int | None) -> int:
+def engine_nice(nice: int | None) -> int:
+    """The niceness engines run at: `nice`, or by default 10 on vLLM's CPU build."""
     from vllm.platforms import current_platform
 
     if nice is None:
@@ -261,7 +262,7 @@ class LocalVllm:
 
         started = time.monotonic()
         args = self.settings.engine_args(self.tp)
-        nice = _engine_nice(self.settings.nice)
+        nice = engine_nice(self.settings.nice)
         lower_session(nice)
         # Building the engine blocks (it waits for the engine core process to load).
         self._llm = await _in_lowered_thread(

@@ -20,7 +20,7 @@ from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from engines.pool import EnginePool, EngineShape
-from engines.vllm import VllmSettings
+from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle.config import ClusterConfig
 from heddle.engine_host import EngineHost, ensure_control_workflow
 from heddle.queues import control_queue, tools_queue, trajectories_queue
@@ -81,6 +81,9 @@ def connect_ray(cluster: ClusterConfig) -> None:
     if engine.ray_address:
         ray.init(address=engine.ray_address)
     else:
+        # A local Ray's actors, and the engines they start, stay in this session: it is
+        # lowered as a local engine host's is (see `lower_session`).
+        lower_session(engine_nice(engine.nice))
         # Placement groups count logical CPUs: at least one per instance.
         cpus = max(os.cpu_count() or 1, cluster.num_gpus)
         ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20)
