@@ -28,17 +28,9 @@ def _cpu_s() -> float:
 
 
 async def _decode(llm: Any, seqs: int, tokens: int, detokenize: bool, tag: str) -> float:
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from engines.vllm import replay_params
 
-    params = SamplingParams(
-        max_tokens=tokens,
-        min_tokens=tokens,
-        ignore_eos=True,
-        temperature=0.0,
-        output_kind=RequestOutputKind.DELTA,
-        detokenize=detokenize,
-    )
+    params = replay_params(tokens, detokenize=detokenize)
 
     async def one(k: int) -> int:
         made = 0

@@ -148,6 +148,23 @@ def read_vocab_size(model_path: str) -> int:
         return int(json.load(f)["vocab_size"])
 
 
+def replay_params(tokens: int, *, detokenize: bool = False) -> Any:
+    """vLLM sampling parameters that make exactly `tokens` tokens (a trace step, replayed),
+    streamed as deltas. Token ids are all a step needs: text would cost the host's event
+    loop an incremental detokenization per token (`benchmarks/vllm_frontend.py`)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=tokens,
+        min_tokens=tokens,
+        ignore_eos=True,
+        temperature=0.0,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=detokenize,
+    )
+
+
 def engine_nice(nice: int | None) -> int:
     """The niceness engines run at: `nice`, or by default 10 on vLLM's CPU build."""
     from vllm.platforms import current_platform
@@ -282,22 +299,11 @@ class LocalVllm:
     ) -> AsyncGenerator[tuple[list[int], int], None]:
         """Generate exactly `max_new_tokens` after `prompt`: yields (new token ids, prompt
         tokens found in the prefix cache). Closing it early aborts the request."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._llm is None:
             raise EngineDead(self.instance_id, 0)
-        params = SamplingParams(
-            max_tokens=max_new_tokens,
-            min_tokens=max_new_tokens,
-            ignore_eos=True,
-            temperature=0.0,
-            output_kind=RequestOutputKind.DELTA,
-            # Token ids are all a step needs: text would cost the host's event loop an
-            # incremental detokenization per token.
-            detokenize=False,
-        )
+        params = replay_params(max_new_tokens)
         try:
             async for out in self._llm.generate(
                 {"prompt_token_ids": prompt}, params, request_id, priority=priority
