@@ -178,8 +178,8 @@ def lower_session(nice: int) -> bool:
     """Lower this process's session as a whole: Linux schedules each session as one
     group (autogroup) and shares the CPU between groups before niceness counts, so
     niced engines in a session of their own still starve the Temporal server in another
-    (measured: a probe in another session saw its 10 ms sleeps end up to 33 s late while
-    two niced CPU engines decoded; `benchmarks/cpu_engine_starvation.py`). Only a session
+    (`benchmarks/cpu_engine_starvation.py`: a probe in another session was stalled 30.3 s
+    of 43.4 s while two niced CPU engines decoded, 0.0 s with this). Only a session
     leader does this (the stack and `heddle dev` start each worker in its own session):
     a worker run from a terminal would lower the terminal's session. True if lowered."""
     if nice <= 0 or os.getsid(0) != os.getpid():

@@ -203,6 +203,8 @@ class EngineHost:
         wanted = {i.instance_id: i for i in plan.instances}
         for iid in [i for i in self._workers if i not in wanted]:
             await self._stop(iid)
+        for iid in [i for i in self._dead_workers if i not in wanted]:
+            await _shutdown(*self._dead_workers.pop(iid))  # dropped by the plan: no restart
         for iid, inst in wanted.items():
             if iid in self._workers or iid in self._starting:
                 continue
