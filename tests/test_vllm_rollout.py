@@ -152,7 +152,8 @@ def _activities(history: dict[str, Any]) -> dict[str, list[str]]:
                 attrs = getattr(e, kind)
                 failure = attrs.failure.message if hasattr(attrs, "failure") else ""
                 when = e.event_time.ToDatetime()
-                out.setdefault(tid, []).append(f"{when:%H:%M:%S} {kind[14:-17]} {failure}")
+                what = kind.removeprefix("activity_task_").removesuffix("_event_attributes")
+                out.setdefault(tid, []).append(f"{when:%H:%M:%S} {what} {failure}")
     return out
 
 
