@@ -126,6 +126,13 @@ class EngineCore:
             self.limits.kv_capacity_tokens - self.num_running_kv_tokens - self.num_cached_kv_tokens
         )
 
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV capacity that running requests hold, as vLLM v1 reports
+        it: cached prefixes are evictable, so they count as free."""
+        capacity = self.limits.kv_capacity_tokens
+        return self.num_running_kv_tokens / capacity if capacity else 0.0
+
     def has_work(self) -> bool:
         return bool(self._by_id)
 

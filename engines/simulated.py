@@ -75,9 +75,7 @@ class SimulatedEngine:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV capacity held by running requests and cached prefixes."""
-        capacity = self.core.limits.kv_capacity_tokens
-        return 1.0 - self.core.kv_free_tokens / capacity if capacity else 0.0
+        return self.core.kv_usage
 
     @property
     def is_healthy(self) -> bool:

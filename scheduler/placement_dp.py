@@ -46,7 +46,7 @@ class InstanceModel:
     def of(cls, cost: CostModel, max_num_seqs: int) -> InstanceModel:
         return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
 
-    def per_token_s(self, batch: np.ndarray, context: np.ndarray) -> np.ndarray:
+    def per_token_s(self, batch: np.ndarray | float, context: np.ndarray | float) -> np.ndarray:
         b = np.asarray(batch, dtype=np.float64)
         c = np.asarray(context, dtype=np.float64)
         room = self.kv_capacity_tokens / np.maximum(c, 1.0)

@@ -171,3 +171,31 @@ def test_the_kv_cap_keeps_groups_off_the_critical_path_within_their_share() -> N
         start += size
     assert max(free.sizes[1:]) > max(capped.sizes[1:])
     assert capped.makespan_s >= free.makespan_s  # a constraint never lowers the optimum
+
+
+def test_a_draining_batch_moves_a_decode_to_where_it_runs_faster() -> None:
+    from heddle.types import StepSpec, TrajectorySpec
+
+    truth = [TrajectorySpec(f"l{i}", "g", 100, (StepSpec(30_000),)) for i in range(3)]
+    truth += [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(2_000),)) for i in range(60)]
+    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    narrow = planner.instance_ids[-1]
+    assert planner.tps[-1] < planner.tps[0]
+    # s7 decodes on the narrowest instance beside two others; its rank keeps it there.
+    decode = _event("s7", 0, 1_000, narrow)
+    busy = {i: InstanceState(i, 1, 1, tp, kv_usage=0.01)
+            for i, tp in zip(planner.instance_ids, planner.tps, strict=True)}  # fmt: skip
+    busy[narrow] = InstanceState(narrow, 3, 3, planner.tps[-1], kv_usage=0.05)
+    assert placement.review([decode], list(busy.values()), 10.0) == {}  # no GPU spare
+
+    idle = dict(busy)
+    spare = planner.instance_ids[0]
+    idle[spare] = InstanceState(spare, 0, 0, planner.tps[0])
+    moves = placement.review([decode], list(idle.values()), 15.0)
+    assert set(moves) == {"s7"}
+    assert moves["s7"].reason == "drain_faster"
+    assert moves["s7"].migrate
+    assert moves["s7"].instance_id != narrow

@@ -185,10 +185,9 @@ class Simulator:
 
     @staticmethod
     def _state(inst: _Instance) -> InstanceState:
-        capacity = inst.core.limits.kv_capacity_tokens
         return InstanceState(
             inst.spec.instance_id, inst.in_flight, inst.sessions, inst.spec.tp, inst.spec.role,
-            kv_usage=1.0 - inst.core.kv_free_tokens / capacity if capacity else 0.0,
+            kv_usage=inst.core.kv_usage,
         )  # fmt: skip
 
     def _refresh(self, *instances: _Instance) -> None:
