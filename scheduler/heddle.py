@@ -352,6 +352,15 @@ class HeddlePlacement:
         if (
             src is not None
             and dst is not None
+            and dst.tp < src.tp
+            and any(s.num_in_flight == 0 for s in instances)
+        ):
+            # Draining (an instance is idle): GPUs are spare, and narrowing would undo
+            # what `_drain_moves` bought.
+            return Decision(prev, reason="draining_keeps_width")
+        if (
+            src is not None
+            and dst is not None
             and src.tp == dst.tp
             and src.num_in_flight <= dst.num_in_flight + BUSY_SLACK
         ):
