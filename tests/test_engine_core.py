@@ -48,6 +48,19 @@ def test_prefix_cache_keeps_a_trajectorys_context_between_turns() -> None:
     assert core._by_id["t/1"].num_cached_tokens == 549
 
 
+def test_kv_usage_counts_running_requests_not_evictable_prefixes() -> None:
+    core = create_core(kv_capacity_tokens=10_000)
+    core.add_request(request("t/0", context=500, new=50, key="t"))
+    core.step()
+    assert core.kv_usage == pytest.approx(core.num_running_kv_tokens / 10_000)
+    assert core.kv_usage > 0
+    run_until_done(core)
+    # The finished turn's context stays cached (a later turn hits it), yet vLLM v1
+    # reports it as free: the cache evicts it when a request needs the room.
+    assert core.kv_free_tokens < 10_000
+    assert core.kv_usage == 0.0
+
+
 def test_kv_exhaustion_preempts_and_still_finishes() -> None:
     core = create_core(kv_capacity_tokens=1200, max_num_batched_tokens=2048)
     for i in range(4):
