@@ -1,0 +1,78 @@
+"""Where a policy's makespan goes at the end of a batch: GPUs in use per tenth of the
+makespan, by TP degree, and the last trajectories to finish with where each step ran.
+
+    python benchmarks/tail_report.py [--policy heddle] [--model qwen3-14b]
+                                     [--workload coding] [--seed 0] [--last 10]
+
+One simulated run of the paper setting (64 H100, 400 prompts x 16 samples; iteration 1
+the trace, iteration 0 the history). A tail where few GPUs are busy, and long
+trajectories that ran early steps on narrow instances, are what the drain moves and the
+predictor are measured against (docs/notes/issue-4-heddle-policy.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+from engines.costmodel import CostModel
+from heddle.sim.metrics import trajectory_alone_s
+from heddle.sim.simulator import Simulator
+from heddle.workloads import generate
+from scheduler.interface import PolicyContext
+from scheduler.registry import create_policy
+
+PEER_TP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="heddle")
+    parser.add_argument("--model", default="qwen3-14b", choices=sorted(PEER_TP))
+    parser.add_argument("--workload", default="coding")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--last", type=int, default=10, help="trajectories to list")
+    args = parser.parse_args()
+    trace, history = (
+        [r.spec for r in generate(args.workload, prompts=400, seed=args.seed, iteration=it)]
+        for it in (1, 0)
+    )
+    ctx = PolicyContext(
+        default_tp=PEER_TP[args.model], history=tuple(history), model=args.model,
+        gpu="h100", num_gpus=64, truth=tuple(trace),
+    )  # fmt: skip
+    sim = Simulator(
+        trace=trace, policy=create_policy(args.policy, ctx), model=args.model, gpu="h100",
+        num_gpus=64, record_steps=True,
+    )  # fmt: skip
+    result = sim.run()
+    makespan = result.makespan_s
+    print(f"{args.policy} on {args.model} {args.workload} seed {args.seed}: makespan "
+          f"{makespan:,.0f} s, GPU busy {result.gpu_busy_frac:.1%}")  # fmt: skip
+    tp_of = {str(i["instance_id"]): int(str(i["tp"])) for i in result.instances}
+    print("GPUs busy per tenth of the makespan, by TP degree:")
+    for tenth in range(10):
+        lo, hi = makespan * tenth / 10, makespan * (tenth + 1) / 10
+        busy: dict[int, float] = defaultdict(float)
+        for iid, start, end in result.busy_intervals:
+            busy[tp_of[iid]] += max(0.0, min(end, hi) - max(start, lo)) * tp_of[iid]
+        by_tp = "  ".join(f"TP{tp}: {gpu_s / (hi - lo):5.1f}" for tp, gpu_s in sorted(busy.items()))
+        print(f"  {lo:6.0f}-{hi:6.0f} s  {by_tp}  all: {sum(busy.values()) / (hi - lo):5.1f} / 64")
+    assert sim.step_log is not None
+    steps = defaultdict(list)
+    for tid, _, _, _, first, end, instance_id in sim.step_log:
+        steps[tid].append((first, end, tp_of[instance_id]))
+    widest = CostModel.for_names(args.model, "h100", max(tp_of.values()))
+    print(f"The {args.last} last to finish: tokens, finish, alone on the widest instance; "
+          "each step's (start, end, TP)")  # fmt: skip
+    last = sorted(sim.trajectories.values(), key=lambda t: -t.finished_at)[: args.last]
+    for traj in last:
+        spec = traj.spec
+        ran = ", ".join(f"({a:.0f}, {b:.0f}, {tp})" for a, b, tp in steps[spec.trajectory_id])
+        print(f"  {spec.trajectory_id}: {spec.generated_tokens} tokens, finished "
+              f"{traj.finished_at:.0f} s, alone {trajectory_alone_s(spec, widest):.0f} s: "
+              f"{ran}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
