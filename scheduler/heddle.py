@@ -202,7 +202,7 @@ class HeddlePlanner:
         idle = [s.instance_id for s in instances if s.num_in_flight == 0 and s.num_sessions == 0]
         if len(idle) < 2:
             return []
-        models, restart_s = self._instance_shapes()
+        models, restart_s = self.instance_shapes()
         pairs = self.layout.idle_pairs(idle, models)
         if not pairs:
             return []
@@ -238,7 +238,7 @@ class HeddlePlanner:
         self.starting.discard(spec.instance_id)
         self._replan()
 
-    def _instance_shapes(self) -> tuple[dict[int, InstanceModel], dict[int, float]]:
+    def instance_shapes(self) -> tuple[dict[int, InstanceModel], dict[int, float]]:
         """Per allowed degree: the DP's instance model and the restart cost."""
         if self._shapes is None:
             ctx = self.ctx
@@ -258,7 +258,7 @@ class HeddlePlanner:
         layout = self.layout
         ids = sorted((i for i in layout.tp if i not in self.starting),
                      key=lambda i: (-layout.tp[i], layout.first_gpu[i]))  # fmt: skip
-        models, _ = self._instance_shapes()
+        models, _ = self.instance_shapes()
         lengths, contexts = self._forecast()
         self.instance_ids = ids
         self.tps = tuple(layout.tp[i] for i in ids)
@@ -279,6 +279,11 @@ class HeddlePlanner:
             if rank < edge:
                 return iid, size * scale
         return self.instance_ids[-1], self.sizes[-1] * scale
+
+
+def draining(instances: Sequence[InstanceState]) -> bool:
+    """An instance with nothing in flight: the batch is draining and GPUs are spare."""
+    return any(s.num_in_flight == 0 for s in instances)
 
 
 @dataclass(frozen=True)
@@ -349,14 +354,8 @@ class HeddlePlacement:
         if not self.migrate or remaining < MIN_MIGRATE_TOKENS:
             return Decision(prev, reason="stay")
         src, dst = by_id.get(prev), by_id.get(target)
-        if (
-            src is not None
-            and dst is not None
-            and dst.tp < src.tp
-            and any(s.num_in_flight == 0 for s in instances)
-        ):
-            # Draining (an instance is idle): GPUs are spare, and narrowing would undo
-            # what `_drain_moves` bought.
+        if src is not None and dst is not None and dst.tp < src.tp and draining(instances):
+            # GPUs are spare, and narrowing would undo what `_drain_moves` bought.
             return Decision(prev, reason="draining_keeps_width")
         if (
             src is not None
@@ -410,28 +409,29 @@ class HeddlePlacement:
         on a wider instance or `DRAIN_SAME_GAIN` on one as wide. The rank-to-instance
         map cannot do this: in the tail its predictions are all alike, and it left a
         TP-8 instance with five decodes beside two idle ones."""
-        if not any(s.num_in_flight == 0 for s in instances):
+        if not draining(instances):
             return {}
         planner = self.planner
-        models, _ = planner._instance_shapes()
+        models, _ = planner.instance_shapes()
         # Per instance: width, steps in flight and the KV they hold, as moves change them.
         width = {s.instance_id: s.tp for s in instances if s.tp in models}
         batch = {i: s.num_in_flight for s in instances if (i := s.instance_id) in width}
         kv = {i: s.kv_usage * models[s.tp].kv_capacity_tokens for s in instances
               if (i := s.instance_id) in width}  # fmt: skip
 
-        def per_token_s(instance_id: str, joining_context: float = 0.0) -> float:
-            joining = 1 if joining_context else 0
+        def per_token_s(instance_id: str, joining_context: float | None = None) -> float:
+            """Its per-token time now, or with a decode of `joining_context` added."""
+            joining = 0 if joining_context is None else 1
             return float(
                 models[width[instance_id]].per_token_s(
-                    max(1, batch[instance_id] + joining), kv[instance_id] + joining_context
+                    max(1, batch[instance_id] + joining), kv[instance_id] + (joining_context or 0)
                 )
             )
 
         moves = {}
         for event in sorted(
             (e for e in events if e.trajectory_id not in decided),
-            key=lambda e: -planner._key.get(e.trajectory_id, 0.0),
+            key=lambda e: planner.rank(e.trajectory_id),
         ):
             tid, src = event.trajectory_id, event.previous_instance or ""
             if src not in width or planner.remaining.get(tid, 0.0) < MIN_MIGRATE_TOKENS:
