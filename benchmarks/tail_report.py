@@ -15,20 +15,21 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from paper_setting import MODELS  # this folder's sibling script: the models and peers' TP
+
 from engines.costmodel import CostModel
+from heddle.config import ClusterConfig
 from heddle.sim.metrics import trajectory_alone_s
 from heddle.sim.simulator import Simulator
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext
 from scheduler.registry import create_policy
 
-PEER_TP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="heddle")
-    parser.add_argument("--model", default="qwen3-14b", choices=sorted(PEER_TP))
+    parser.add_argument("--model", default="qwen3-14b", choices=sorted(MODELS))
     parser.add_argument("--workload", default="coding")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last", type=int, default=10, help="trajectories to list")
@@ -37,13 +38,17 @@ def main() -> None:
         [r.spec for r in generate(args.workload, prompts=400, seed=args.seed, iteration=it)]
         for it in (1, 0)
     )
-    ctx = PolicyContext(
-        default_tp=PEER_TP[args.model], history=tuple(history), model=args.model,
-        gpu="h100", num_gpus=64, truth=tuple(trace),
-    )  # fmt: skip
+    cluster = ClusterConfig(
+        model=args.model, gpu="h100", num_gpus=64, default_tp=MODELS[args.model]
+    )
+    # As `heddle.bench.run_bench` simulates, with the steps recorded.
     sim = Simulator(
-        trace=trace, policy=create_policy(args.policy, ctx), model=args.model, gpu="h100",
-        num_gpus=64, record_steps=True,
+        trace=trace,
+        policy=create_policy(args.policy, PolicyContext.for_cluster(cluster, history, trace)),
+        model=cluster.model, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
+        max_num_seqs=cluster.max_num_seqs,
+        max_num_batched_tokens=cluster.max_num_batched_tokens,
+        gpu_memory_utilization=cluster.gpu_memory_utilization, record_steps=True,
     )  # fmt: skip
     result = sim.run()
     makespan = result.makespan_s
@@ -62,7 +67,7 @@ def main() -> None:
     steps = defaultdict(list)
     for tid, _, _, _, first, end, instance_id in sim.step_log:
         steps[tid].append((first, end, tp_of[instance_id]))
-    widest = CostModel.for_names(args.model, "h100", max(tp_of.values()))
+    widest = CostModel.for_names(cluster.model, cluster.gpu, max(tp_of.values()))
     print(f"The {args.last} last to finish: tokens, finish, alone on the widest instance; "
           "each step's (start, end, TP)")  # fmt: skip
     last = sorted(sim.trajectories.values(), key=lambda t: -t.finished_at)[: args.last]
