@@ -15,7 +15,6 @@ merge into wide ones when the DP says the tail gains more than the restart costs
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -69,6 +68,8 @@ class HeddlePlanner:
     _replan_below: float = 0.0
     _recheck_below: float = float("inf")
     _shapes: tuple[dict[int, InstanceModel], dict[int, float]] | None = None
+    # The long decodes the last review saw: where each runs, and its context.
+    decoding: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     # ---- forecast ----------------------------------------------------------------------
     @cached_property
@@ -127,6 +128,7 @@ class HeddlePlanner:
         return bisect.bisect_left(self._active, (-self._key[tid], tid))
 
     def finished(self, tid: str, group_id: str, generated_tokens: int) -> None:
+        self.decoding.pop(tid, None)
         booked_on = self._where.pop(tid, None)
         if booked_on is not None:
             self._work[booked_on] -= self._booked.pop(tid, 0.0)
@@ -192,8 +194,10 @@ class HeddlePlanner:
 
     # ---- reshaping during rollout (the `Reshaper` interface) ---------------------------
     def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
-        """Merge idle buddy instances when the DP predicts the tail finishes sooner on the
-        merged split, restart included. Re-checked as the active count falls by 2%."""
+        """Merge the idle instances of an aligned block, widest first, when the DP
+        predicts the tail finishes sooner on the merged split, restart included, or when
+        a long decode in flight would run enough faster there (`_merges_for_decodes`).
+        Re-checked as the active count falls by 2%."""
         if not self.reshape_during or self.layout is None or not self._active:
             return []
         active = len(self._active)
@@ -203,8 +207,8 @@ class HeddlePlanner:
         if len(idle) < 2:
             return []
         models, restart_s = self.instance_shapes()
-        pairs = self.layout.idle_pairs(idle, models)
-        if not pairs:
+        blocks = self.layout.idle_blocks(idle, models)
+        if not blocks:
             return []
         layout = self.layout
         ready = [s.instance_id for s in instances]
@@ -213,26 +217,62 @@ class HeddlePlanner:
         lengths, contexts = self._forecast()
         kept = merges_that_pay(
             lengths, contexts, [layout.tp[i] for i in current],
-            [(where[a], where[b]) for a, b, _ in pairs], models, restart_s,
+            [[where[i] for i in members] for members, _ in blocks], models, restart_s,
+            idle=[where[i] for i in idle],
         )  # fmt: skip
+        taken = {i for k in kept for i in blocks[k][0]}
+        kept += self._merges_for_decodes(
+            InstanceSpeeds.of(instances, models), blocks, taken, restart_s
+        )
         if not kept:
             self._recheck_below = active - max(1, active // 50)
             return []
         self._recheck_below = float("inf")
         changes = []
         for k in kept:
-            lower, upper, tp = pairs[k]
+            members, tp = blocks[k]
             new_id = f"h{self._instances_made}"
             self._instances_made += 1
-            layout.merge(lower, upper, new_id)
+            layout.merge(members, new_id)
             self.starting.add(new_id)
             changes.append(
-                Reshape(
-                    (lower, upper), InstanceSpec(new_id, tp), restart_s[tp], "merge_idle_for_tail"
-                )
+                Reshape(members, InstanceSpec(new_id, tp), restart_s[tp], "merge_idle_for_tail")
             )
         self._replan()
         return changes
+
+    def _merges_for_decodes(
+        self,
+        speeds: InstanceSpeeds,
+        blocks: Sequence[tuple[tuple[str, ...], int]],
+        taken: set[str],
+        restart_s: dict[int, float],
+    ) -> list[int]:
+        """Beyond the paper: which `blocks` to merge (none of whose instances are
+        `taken`, merged already; it grows with each merge kept) for the decodes the last
+        review saw. A block is merged when the longest decode not yet served would run
+        faster on it by the drain moves' gain, saving more than its restart on its
+        predicted remaining tokens; the drain moves then send it there. The DP rule
+        misses this: it re-spreads the whole tail at will, narrower instances included,
+        on predicted remaining lengths that in the tail fall short of the truth."""
+        waiting = sorted((t for t in self.decoding if t in self._key), key=self.rank)
+        kept = []
+        for k, (members, tp) in enumerate(blocks):
+            if taken.intersection(members):
+                continue
+            new_id = "+".join(members)
+            speeds.add(new_id, tp)
+            for tid in waiting:
+                src, context = self.decoding[tid]
+                there = speeds.faster(src, new_id, context)
+                here = speeds.per_token_s(src) if src in speeds.width else 0.0
+                if there is not None and self.remaining[tid] * (here - there) > restart_s[tp]:
+                    kept.append(k)
+                    taken.update(members)
+                    waiting.remove(tid)
+                    speeds.move(src, new_id, context)
+                    break
+        return kept
 
     def on_instance_ready(self, spec: InstanceSpec) -> None:
         self.starting.discard(spec.instance_id)
@@ -281,6 +321,58 @@ class HeddlePlanner:
         return self.instance_ids[-1], self.sizes[-1] * scale
 
 
+@dataclass
+class InstanceSpeeds:
+    """Per instance: its width, and the steps in flight and the KV they hold as the
+    engines last reported them, changed by the moves decided since; from these, the
+    per-token time a decode sees there (the DP's instance model)."""
+
+    models: dict[int, InstanceModel]
+    width: dict[str, int] = field(default_factory=dict)
+    batch: dict[str, int] = field(default_factory=dict)
+    kv: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, instances: Sequence[InstanceState], models: dict[int, InstanceModel]
+    ) -> InstanceSpeeds:
+        speeds = cls(models)
+        for s in instances:
+            if s.tp in models:
+                speeds.add(s.instance_id, s.tp, s.num_in_flight,
+                           s.kv_usage * models[s.tp].kv_capacity_tokens)  # fmt: skip
+        return speeds
+
+    def add(self, instance_id: str, tp: int, batch: int = 0, kv: float = 0.0) -> None:
+        self.width[instance_id], self.batch[instance_id], self.kv[instance_id] = tp, batch, kv
+
+    def per_token_s(self, instance_id: str, joining_context: float | None = None) -> float:
+        """Its per-token time now, or with a decode of `joining_context` added."""
+        joining = 0 if joining_context is None else 1
+        return float(
+            self.models[self.width[instance_id]].per_token_s(
+                max(1, self.batch[instance_id] + joining),
+                self.kv[instance_id] + (joining_context or 0),
+            )
+        )
+
+    def faster(self, src: str, dst: str, context: float) -> float | None:
+        """A decode's per-token time on `dst` if it beats its time on `src` by the drain
+        gain (`DRAIN_WIDER_GAIN` on a wider instance, `DRAIN_SAME_GAIN` on one as wide),
+        else None (a narrower `dst`, or an unknown `src`, never qualifies)."""
+        if src not in self.width or src == dst or self.width[dst] < self.width[src]:
+            return None
+        there = self.per_token_s(dst, context)
+        gain = DRAIN_WIDER_GAIN if self.width[dst] > self.width[src] else DRAIN_SAME_GAIN
+        return there if there * gain < self.per_token_s(src) else None
+
+    def move(self, src: str, dst: str, context: float) -> None:
+        self.batch[src] -= 1
+        self.kv[src] -= context
+        self.batch[dst] += 1
+        self.kv[dst] += context
+
+
 def draining(instances: Sequence[InstanceState]) -> bool:
     """An instance with nothing in flight: the batch is draining and GPUs are spare."""
     return any(s.num_in_flight == 0 for s in instances)
@@ -307,6 +399,7 @@ class HeddlePlacement:
         self.planner.on_batch_start(events)
 
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        self.planner.decoding.pop(event.trajectory_id, None)
         remaining = self.planner.update(event)
         decision = self._decide(event, instances, remaining)
         self.planner.book(event.trajectory_id, decision.instance_id)
@@ -394,7 +487,13 @@ class HeddlePlacement:
                 continue
             moves[tid] = Decision(target, reason="outgrew_instance", migrate=True)
             planner.book(tid, target)
-        return moves | self._drain_moves(events, instances, moves)
+        moves |= self._drain_moves(events, instances, moves)
+        planner.decoding = {
+            e.trajectory_id: (moves[tid].instance_id if (tid := e.trajectory_id) in moves
+                              else e.previous_instance or "", e.context_tokens)
+            for e in events
+        }  # fmt: skip
+        return moves
 
     def _drain_moves(
         self,
@@ -412,47 +511,24 @@ class HeddlePlacement:
         if not draining(instances):
             return {}
         planner = self.planner
-        models, _ = planner.instance_shapes()
-        # Per instance: width, steps in flight and the KV they hold, as moves change them.
-        width = {s.instance_id: s.tp for s in instances if s.tp in models}
-        batch = {i: s.num_in_flight for s in instances if (i := s.instance_id) in width}
-        kv = {i: s.kv_usage * models[s.tp].kv_capacity_tokens for s in instances
-              if (i := s.instance_id) in width}  # fmt: skip
-
-        def per_token_s(instance_id: str, joining_context: float | None = None) -> float:
-            """Its per-token time now, or with a decode of `joining_context` added."""
-            joining = 0 if joining_context is None else 1
-            return float(
-                models[width[instance_id]].per_token_s(
-                    max(1, batch[instance_id] + joining), kv[instance_id] + (joining_context or 0)
-                )
-            )
-
+        speeds = InstanceSpeeds.of(instances, planner.instance_shapes()[0])
         moves = {}
         for event in sorted(
             (e for e in events if e.trajectory_id not in decided),
             key=lambda e: planner.rank(e.trajectory_id),
         ):
             tid, src = event.trajectory_id, event.previous_instance or ""
-            if src not in width or planner.remaining.get(tid, 0.0) < MIN_MIGRATE_TOKENS:
+            if planner.remaining.get(tid, 0.0) < MIN_MIGRATE_TOKENS:
                 continue
-            here = per_token_s(src)
-            best, best_s = None, math.inf
-            for iid, tp in width.items():
-                if tp < width[src] or iid == src:
-                    continue
-                there = per_token_s(iid, event.context_tokens)
-                gain = DRAIN_WIDER_GAIN if tp > width[src] else DRAIN_SAME_GAIN
-                if there * gain < here and there < best_s:
-                    best, best_s = iid, there
-            if best is None:
+            context = event.context_tokens
+            options = {iid: there for iid in speeds.width
+                       if (there := speeds.faster(src, iid, context)) is not None}  # fmt: skip
+            if not options:
                 continue
+            best = min(options, key=options.__getitem__)
             moves[tid] = Decision(best, reason="drain_faster", migrate=True)
             planner.book(tid, best)
-            batch[src] -= 1
-            kv[src] -= event.context_tokens
-            batch[best] += 1
-            kv[best] += event.context_tokens
+            speeds.move(src, best, context)
         return moves
 
     def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:

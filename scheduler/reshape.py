@@ -1,11 +1,14 @@
 """Reshaping during rollout: idle narrow instances merge into wide ones for the tail
 (beyond the Heddle paper, which reshapes between iterations only).
 
-GPUs are laid out buddy-style: an instance of TP t starts at a multiple of t, so two idle
-buddies (TP t at GPUs 2kt and 2kt + t) merge into one TP-2t instance on the same GPUs,
-and an instance of at most 8 GPUs never straddles an 8-GPU node. Whether a merge pays is
-the presorted DP's call (`merges_that_pay`): the predicted time of the remaining work on
-the merged split, plus the restart, against the split as it is.
+GPUs are laid out buddy-style: an instance of TP t starts at a multiple of t, so the idle
+instances that fill an aligned block of W GPUs (GPUs kW to kW + W - 1) merge into one
+TP-W instance on the same GPUs, and an instance of at most 8 GPUs never straddles an
+8-GPU node. A block may hold instances of several widths, and eight idle TP-1 instances
+become one TP-8 in one restart: a tail whose decodes are worth moving only to the widest
+instances gains nothing from a TP-2 first. Whether a merge pays is the presorted DP's
+call (`merges_that_pay`): the predicted time of the remaining work on the merged split,
+plus the restart, against the split as it is.
 """
 
 from __future__ import annotations
@@ -38,48 +41,51 @@ class GpuLayout:
             offset += tp
         return layout
 
-    def buddy(self, instance_id: str) -> str | None:
-        first, tp = self.first_gpu[instance_id], self.tp[instance_id]
-        other = first + tp if first % (2 * tp) == 0 else first - tp
-        for iid, start in self.first_gpu.items():
-            if start == other and self.tp[iid] == tp:
-                return iid
-        return None
-
-    def idle_pairs(
+    def idle_blocks(
         self, idle: Collection[str], widths: Collection[int]
-    ) -> list[tuple[str, str, int]]:
-        """Pairs of idle buddies whose merged degree is allowed, narrowest first, as
-        (lower, upper, merged degree)."""
-        pairs = []
-        for iid in idle:
-            if iid not in self.tp or 2 * self.tp[iid] not in widths:
-                continue
-            if self.first_gpu[iid] % (2 * self.tp[iid]) != 0:
-                continue  # the upper buddy; found from its lower one
-            other = self.buddy(iid)
-            if other is not None and other in idle:
-                pairs.append((iid, other, 2 * self.tp[iid]))
-        return sorted(pairs, key=lambda p: (p[2], self.first_gpu[p[0]]))
+    ) -> list[tuple[tuple[str, ...], int]]:
+        """Aligned blocks of an allowed width filled by two or more idle instances, as
+        (their ids by first GPU, the block's width): widest first, so a merge that pays
+        at the widest degree is taken before the narrower ones inside it."""
+        blocks = []
+        for width in sorted(widths, reverse=True):
+            starts = {self.first_gpu[i] // width * width for i in idle if i in self.tp}
+            for start in sorted(starts):
+                inside = [i for i, first in self.first_gpu.items()
+                          if start <= first < start + width]  # fmt: skip
+                if (
+                    len(inside) >= 2
+                    and all(i in idle for i in inside)
+                    and sum(self.tp[i] for i in inside) == width
+                ):
+                    blocks.append((tuple(sorted(inside, key=self.first_gpu.__getitem__)), width))
+        return blocks
 
-    def merge(self, lower: str, upper: str, new_id: str) -> None:
-        first, tp = self.first_gpu.pop(lower), self.tp.pop(lower)
-        self.first_gpu.pop(upper)
-        self.tp.pop(upper)
-        self.first_gpu[new_id], self.tp[new_id] = first, 2 * tp
+    def merge(self, members: Sequence[str], new_id: str) -> None:
+        first = min(self.first_gpu[i] for i in members)
+        width = sum(self.tp[i] for i in members)
+        for i in members:
+            self.first_gpu.pop(i)
+            self.tp.pop(i)
+        self.first_gpu[new_id], self.tp[new_id] = first, width
 
 
 def merges_that_pay(
     lengths_desc: Sequence[float],
     contexts: Sequence[float],
     current: Sequence[int],
-    pairs: Sequence[tuple[int, int]],
+    groups: Sequence[Sequence[int]],
     models: dict[int, InstanceModel],
     restart_s: dict[int, float],
+    idle: Collection[int] = (),
 ) -> list[int]:
-    """Which of `pairs` (indices into `current`, the ready instances' degrees) to merge,
-    greedily in the order given: a merge is kept when the DP's makespan with the merged
-    instance, plus its restart, beats the makespan without it by `MIN_GAIN`."""
+    """Which of `groups` (each indices into `current`, the ready instances' degrees) to
+    merge, greedily in the order given: a merge is kept when the DP's makespan with the
+    merged instance, plus its restart, beats the makespan without it by `MIN_GAIN`.
+
+    The `idle` instances count as capacity only once merged: the DP would spread the
+    tail over them, but a decode does not move to a narrower instance mid-step, so an
+    idle narrow instance stays idle while the long decodes crowd the wide ones."""
     if not lengths_desc:
         return []
 
@@ -91,18 +97,18 @@ def merges_that_pay(
         ).makespan_s  # fmt: skip
 
     kept: list[int] = []
-    removed: set[int] = set()
+    merged: set[int] = set()
     added: list[int] = []
-    base = makespan(list(current))
-    for k, (a, b) in enumerate(pairs):
-        if a in removed or b in removed:
-            continue
-        merged_tp = current[a] + current[b]
-        trial = [tp for i, tp in enumerate(current) if i not in removed and i not in (a, b)]
+    base = makespan([tp for i, tp in enumerate(current) if i not in idle])
+    for k, group in enumerate(groups):
+        if merged.intersection(group):
+            continue  # inside a block merged already
+        merged_tp = sum(current[i] for i in group)
+        trial = [tp for i, tp in enumerate(current) if i not in idle and i not in group]
         time_s = makespan(trial + added + [merged_tp]) + restart_s[merged_tp]
         if time_s < base * (1 - MIN_GAIN):
             kept.append(k)
-            removed |= {a, b}
+            merged |= set(group)
             added.append(merged_tp)
             base = time_s
     return kept

@@ -31,20 +31,28 @@ def _spec(tid: str, *outputs: int, tool_s: float = 0.5) -> TrajectorySpec:
     return TrajectorySpec(tid, "g", 100, (*steps, StepSpec(outputs[-1])))
 
 
-def test_layout_pairs_only_aligned_idle_buddies() -> None:
+def test_layout_blocks_only_aligned_fully_idle_blocks() -> None:
     layout = GpuLayout.pack(["a", "b", "c", "d", "e"], [4, 1, 1, 1, 1])
     assert layout.first_gpu == {"a": 0, "b": 4, "c": 5, "d": 6, "e": 7}
-    # c and d are both idle but not buddies (5 is not a multiple of 2).
-    assert layout.idle_pairs({"c", "d"}, {1, 2, 4, 8}) == []
-    assert layout.idle_pairs({"b", "c", "d", "e"}, {1, 2, 4, 8}) == [
-        ("b", "c", 2),
-        ("d", "e", 2),
+    # c and d are both idle but not one aligned block (GPUs 5-6 straddle two TP-2 blocks).
+    assert layout.idle_blocks({"c", "d"}, {1, 2, 4, 8}) == []
+    # All four idle TP-1s fill GPUs 4-7: one TP-4 first, then the TP-2s inside it.
+    assert layout.idle_blocks({"b", "c", "d", "e"}, {1, 2, 4, 8}) == [
+        (("b", "c", "d", "e"), 4),
+        (("b", "c"), 2),
+        (("d", "e"), 2),
     ]
-    assert layout.idle_pairs({"b", "c"}, {1, 4}) == []  # TP-2 not allowed
-    layout.merge("b", "c", "f")
-    layout.merge("d", "e", "g")
-    assert layout.idle_pairs({"f", "g"}, {1, 2, 4, 8}) == [("f", "g", 4)]
-    assert layout.idle_pairs({"a", "f"}, {1, 2, 4, 8}) == []  # different widths
+    # With the TP-4 idle too, the whole node: an 8-GPU block of mixed widths.
+    assert layout.idle_blocks({"a", "b", "c", "d", "e"}, {1, 8})[0] == (
+        ("a", "b", "c", "d", "e"),
+        8,
+    )
+    assert layout.idle_blocks({"b", "c"}, {1, 4}) == []  # TP-2 not allowed, TP-4 not idle
+    layout.merge(("b", "c"), "f")
+    layout.merge(("d", "e"), "g")
+    assert layout.tp == {"a": 4, "f": 2, "g": 2}
+    assert layout.idle_blocks({"f", "g"}, {1, 2, 4, 8}) == [(("f", "g"), 4)]
+    assert layout.idle_blocks({"a", "f"}, {1, 2, 4, 8}) == []  # g, in a's block, is busy
 
 
 def test_a_merge_pays_for_a_long_tail_and_not_for_a_short_one() -> None:
@@ -194,7 +202,10 @@ def test_heddle_merges_idle_narrow_instances_when_the_tail_gains() -> None:
     retired = [i for c in changes for i in c.retire]
     assert ids[0] not in retired
     assert len(retired) == len(set(retired))
-    assert all(c.create.tp == 2 and c.cost_s > 0 for c in changes)
+    assert all(c.cost_s > 0 for c in changes)
+    # The widest block the busy instance leaves free is tried first: GPUs 4-7 as a TP-4.
+    assert changes[0].create.tp == 4
+    assert changes[0].retire == tuple(ids[4:])
     # Until the new instances are up, the plan only names instances that exist.
     assert set(planner.instance_ids) == set(ids) - set(retired)
     for c in changes:
@@ -206,3 +217,31 @@ def test_heddle_merges_idle_narrow_instances_when_the_tail_gains() -> None:
     decision = placement.place(_event("long", 1, 10, ids[0]), up, 31.0)
     assert decision.migrate
     assert decision.instance_id != ids[0]
+
+
+def test_heddle_merges_a_block_of_idle_narrow_instances_for_crowded_long_decodes() -> None:
+    """The math tail: long single-turn decodes crowd the only TP-8 while eight TP-1s
+    sit idle. No decode moves to a TP-1 mid-step, so pairs of TP-1s would not help;
+    the whole idle block becomes one TP-8, and the drain moves then fill it."""
+    truth = [_spec(f"l{i}", 40_000) for i in range(8)]
+    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    # The split as the math batch ends: one TP-8 (GPUs 0-7) and eight TP-1s (8-15).
+    planner.instance_ids = ["wide", *(f"n{k}" for k in range(8))]
+    planner.tps = (8,) + (1,) * 8
+    planner.sizes = (8,) + (0,) * 8  # every rank on the TP-8
+    planner.layout = GpuLayout.pack(planner.instance_ids, planner.tps)
+    wide = InstanceState("wide", 8, 8, 8, kv_usage=0.1)
+    states = [wide, *(InstanceState(f"n{k}", 0, 0, 1) for k in range(8))]
+    decodes = [_event(s.trajectory_id, 0, 12_000, "wide") for s in truth]
+    assert placement.review(decodes, states, 300.0) == {}  # nowhere faster yet
+    changes = planner.reshape(states, 300.0)
+    assert [c.create.tp for c in changes] == [8]
+    assert changes[0].retire == tuple(f"n{k}" for k in range(8))
+    planner.on_instance_ready(changes[0].create)
+    new = changes[0].create.instance_id
+    moves = placement.review(decodes, [wide, InstanceState(new, 0, 0, 8)], 321.0)
+    assert moves
+    assert {d.instance_id for d in moves.values()} == {new}
