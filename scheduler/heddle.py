@@ -68,6 +68,9 @@ class HeddlePlanner:
     _replan_below: float = 0.0
     _recheck_below: float = float("inf")
     _shapes: tuple[dict[int, InstanceModel], dict[int, float]] | None = None
+    # A block of narrow instances being emptied to merge into one wide instance: no step
+    # is sent there, and what runs there leaves at its next step or review.
+    vacating: tuple[str, ...] = ()
     # The long decodes the last review saw: where each runs, and its context.
     decoding: dict[str, tuple[str, int]] = field(default_factory=dict)
 
@@ -196,50 +199,95 @@ class HeddlePlanner:
     def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
         """Merge the idle instances of an aligned block, widest first, when the DP
         predicts the tail finishes sooner on the merged split, restart included, or when
-        a long decode in flight would run enough faster there (`_merges_for_decodes`).
+        a long decode in flight would run enough faster there (`_merges_for_decodes`);
+        failing both, start emptying a block of narrow instances when the DP says the
+        widest degree there pays (`_start_vacating`), and merge it once empty.
         Re-checked as the active count falls by 2%."""
         if not self.reshape_during or self.layout is None or not self._active:
             return []
+        if self.vacating:
+            return self._merge_vacated(instances)
         active = len(self._active)
         if active >= self._recheck_below:
             return []
-        idle = [s.instance_id for s in instances if s.num_in_flight == 0 and s.num_sessions == 0]
-        if len(idle) < 2:
-            return []
         models, restart_s = self.instance_shapes()
+        idle = [s.instance_id for s in instances if s.num_in_flight == 0 and s.num_sessions == 0]
         blocks = self.layout.idle_blocks(idle, models)
-        if not blocks:
-            return []
         layout = self.layout
-        ready = [s.instance_id for s in instances]
-        current = ready + sorted(self.starting)
+        current = [s.instance_id for s in instances] + sorted(self.starting)
         where = {iid: k for k, iid in enumerate(current)}
         lengths, contexts = self._forecast()
-        kept = merges_that_pay(
-            lengths, contexts, [layout.tp[i] for i in current],
-            [[where[i] for i in members] for members, _ in blocks], models, restart_s,
-            idle=[where[i] for i in idle],
-        )  # fmt: skip
-        taken = {i for k in kept for i in blocks[k][0]}
-        kept += self._merges_for_decodes(
-            InstanceSpeeds.of(instances, models), blocks, taken, restart_s
-        )
+        kept = []
+        if blocks:
+            kept = merges_that_pay(
+                lengths, contexts, [layout.tp[i] for i in current],
+                [[where[i] for i in members] for members, _ in blocks], models, restart_s,
+                idle=[where[i] for i in idle],
+            )  # fmt: skip
+            taken = {i for k in kept for i in blocks[k][0]}
+            kept += self._merges_for_decodes(
+                InstanceSpeeds.of(instances, models), blocks, taken, restart_s
+            )
         if not kept:
             self._recheck_below = active - max(1, active // 50)
+            self._start_vacating(instances, current, where)
             return []
         self._recheck_below = float("inf")
-        changes = []
-        for k in kept:
-            members, tp = blocks[k]
-            new_id = f"h{self._instances_made}"
-            self._instances_made += 1
-            layout.merge(members, new_id)
-            self.starting.add(new_id)
-            changes.append(
-                Reshape(members, InstanceSpec(new_id, tp), restart_s[tp], "merge_idle_for_tail")
-            )
+        changes = [self._merge(*blocks[k], "merge_idle_for_tail") for k in kept]
         self._replan()
         return changes
+
+    def _merge(self, members: tuple[str, ...], tp: int, reason: str) -> Reshape:
+        assert self.layout is not None
+        new_id = f"h{self._instances_made}"
+        self._instances_made += 1
+        self.layout.merge(members, new_id)
+        self.starting.add(new_id)
+        restart_s = self.instance_shapes()[1][tp]
+        return Reshape(members, InstanceSpec(new_id, tp), restart_s, reason)
+
+    def _start_vacating(
+        self, instances: Sequence[InstanceState], current: list[str], where: dict[str, int]
+    ) -> None:
+        """Beyond the paper: while every narrow instance still holds long trajectories
+        none goes idle, yet the DP, re-run on the re-predicted tail, wants more wide
+        instances than the batch-start plan (14B coding: one more TP-8 cuts its forecast
+        by a tenth from the first minutes on). The block of the widest degree whose
+        instances hold the least predicted work, of those whose merge pays by the DP's
+        rule, stops taking steps; its trajectories leave at their next step or review."""
+        assert self.layout is not None
+        layout = self.layout
+        models, restart_s = self.instance_shapes()
+        widest = max(models)
+        # The aligned blocks of the widest degree made of narrower instances, all up.
+        up = {s.instance_id for s in instances}
+        blocks = [(members, tp) for members, tp in layout.idle_blocks(up, {widest})
+                  if all(layout.tp[i] < widest for i in members)]  # fmt: skip
+        if not blocks:
+            return
+        lengths, contexts = self._forecast()
+        tps = [layout.tp[i] for i in current]
+        paying = [members for members, _ in blocks
+                  if merges_that_pay(lengths, contexts, tps, [[where[i] for i in members]],
+                                     models, restart_s)]  # fmt: skip
+        if paying:
+            members = min(paying, key=lambda b: sum(self.work_on(i) for i in b))
+            self.vacating = members
+            self._replan()
+
+    def _merge_vacated(self, instances: Sequence[InstanceState]) -> list[Reshape]:
+        by_id = {s.instance_id: s for s in instances}
+        if not all(
+            i in by_id and by_id[i].num_in_flight == 0 and by_id[i].num_sessions == 0
+            for i in self.vacating
+        ):
+            return []
+        assert self.layout is not None
+        tp = sum(self.layout.tp[i] for i in self.vacating)
+        change = self._merge(self.vacating, tp, "merge_vacated_for_tail")
+        self.vacating = ()
+        self._replan()
+        return [change]
 
     def _merges_for_decodes(
         self,
@@ -296,7 +344,7 @@ class HeddlePlanner:
         """Re-solve the group sizes over the instances that are up, widest first."""
         assert self.layout is not None
         layout = self.layout
-        ids = sorted((i for i in layout.tp if i not in self.starting),
+        ids = sorted((i for i in layout.tp if i not in self.starting and i not in self.vacating),
                      key=lambda i: (-layout.tp[i], layout.first_gpu[i]))  # fmt: skip
         models, _ = self.instance_shapes()
         lengths, contexts = self._forecast()
@@ -415,12 +463,12 @@ class HeddlePlacement:
         planner, tid, prev = self.planner, event.trajectory_id, event.previous_instance
         by_id = {s.instance_id: s for s in instances}
         width = by_id[target].tp
-        best = min(
-            (s.instance_id for s in instances if s.tp == width),
-            key=lambda i: (planner.work_on(i, excluding=tid), i != prev),
-        )
+        taking = [s.instance_id for s in instances
+                  if s.tp == width and s.instance_id not in planner.vacating]  # fmt: skip
+        best = min(taking, key=lambda i: (planner.work_on(i, excluding=tid), i != prev))
         if (
             prev in by_id
+            and prev not in planner.vacating
             and by_id[prev].tp == width
             and planner.work_on(prev, excluding=tid)
             <= planner.work_on(best, excluding=tid) + remaining
@@ -442,6 +490,8 @@ class HeddlePlacement:
             target = self._least_work_of_width(target, instances, event, remaining)
         if prev is None:
             return Decision(target, reason="dp_rank")
+        if prev in planner.vacating:
+            return Decision(target, reason="vacating", migrate=True)
         if target == prev:
             return Decision(prev, reason="rank_kept")
         if not self.migrate or remaining < MIN_MIGRATE_TOKENS:
@@ -476,9 +526,14 @@ class HeddlePlacement:
         moves = {}
         for event in events:
             tid = event.trajectory_id
-            if planner.update(event) < MIN_MIGRATE_TOKENS:
-                continue
+            remaining = planner.update(event)
             target, share = planner.target(planner.rank(tid))
+            if event.previous_instance in planner.vacating:
+                moves[tid] = Decision(target, reason="vacating", migrate=True)
+                planner.book(tid, target)
+                continue
+            if remaining < MIN_MIGRATE_TOKENS:
+                continue
             src = by_id.get(event.previous_instance or "")
             dst = by_id.get(target)
             if src is None or dst is None or dst.tp <= src.tp:
@@ -521,8 +576,8 @@ class HeddlePlacement:
             if planner.remaining.get(tid, 0.0) < MIN_MIGRATE_TOKENS:
                 continue
             context = event.context_tokens
-            options = {iid: there for iid in speeds.width
-                       if (there := speeds.faster(src, iid, context)) is not None}  # fmt: skip
+            options = {iid: there for iid in speeds.width if iid not in planner.vacating
+                       and (there := speeds.faster(src, iid, context)) is not None}  # fmt: skip
             if not options:
                 continue
             best = min(options, key=options.__getitem__)

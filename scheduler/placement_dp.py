@@ -78,6 +78,9 @@ def _aggregate(
     if n <= max_items:
         return lengths, np.ones(n, dtype=np.int64), contexts
     chunks = max_items - exact
+    if chunks < 1:
+        # No chunk would be left for the rest: they would silently drop out of the plan.
+        raise ValueError(f"max_items ({max_items}) must exceed exact ({exact})")
     edges = np.unique(np.linspace(exact, n, chunks + 1).round().astype(np.int64))
     ctx_prefix = np.concatenate([[0.0], np.cumsum(contexts)])
     return (

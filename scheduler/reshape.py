@@ -92,7 +92,7 @@ def merges_that_pay(
     def makespan(tps: list[int]) -> float:
         ordered = sorted(tps, reverse=True)
         return solve(
-            lengths_desc, contexts, [models[tp] for tp in ordered], max_items=256,
+            lengths_desc, contexts, [models[tp] for tp in ordered], exact=96, max_items=256,
             max_kv_share=KV_SHARE_CAP,
         ).makespan_s  # fmt: skip
 

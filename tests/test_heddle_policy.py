@@ -45,6 +45,15 @@ def test_dp_groups_longest_on_the_widest_and_rejects_unsorted() -> None:
         solve([1, 2], [1, 1], [_model(1)])
 
 
+def test_an_aggregated_dp_plans_every_trajectory() -> None:
+    lengths = list(range(1_000, 0, -1))
+    part = solve(lengths, [100.0] * 1_000, [_model(8), _model(1)], exact=96, max_items=256)
+    assert sum(part.sizes) == 1_000  # the chunked short ones count too
+    # With no room left for chunks, the short ones would drop out of the plan unseen.
+    with pytest.raises(ValueError, match="must exceed exact"):
+        solve(lengths, [100.0] * 1_000, [_model(1)], exact=256, max_items=256)
+
+
 def test_split_planner_returns_a_valid_split_no_worse_than_homogeneous() -> None:
     lengths = sorted(np.random.default_rng(1).lognormal(8, 1, 2000), reverse=True)
     contexts = [1000 + x / 2 for x in lengths]

@@ -245,3 +245,38 @@ def test_heddle_merges_a_block_of_idle_narrow_instances_for_crowded_long_decodes
     moves = placement.review(decodes, [wide, InstanceState(new, 0, 0, 8)], 321.0)
     assert moves
     assert {d.instance_id for d in moves.values()} == {new}
+
+
+def test_heddle_empties_busy_narrow_instances_and_merges_them_when_the_dp_says_so() -> None:
+    """No narrow instance goes idle while each holds a long trajectory, yet the DP wants
+    a wide one: the block stops taking steps, its trajectories leave at their next step
+    (or, mid-decode, at the review), and once empty it merges."""
+    truth = [_spec(f"l{i}", 2_000, 2_000, 30_000) for i in range(24)]
+    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    narrow = [f"n{k}" for k in range(8)]
+    planner.instance_ids, planner.tps = ["wide", *narrow], (8,) + (1,) * 8
+    planner.sizes = (16,) + (1,) * 8  # sixteen on the TP-8, one on each TP-1
+    planner.layout = GpuLayout.pack(planner.instance_ids, planner.tps)
+    busy = [InstanceState("wide", 16, 16, 8), *(InstanceState(i, 1, 1, 1) for i in narrow)]
+    for k, s in enumerate(truth):
+        planner.book(s.trajectory_id, narrow[k] if k < 8 else "wide")
+    assert planner.reshape(busy, 1.0) == []  # nothing idle to merge yet ...
+    assert planner.vacating == tuple(narrow)  # ... but the TP-1 block is being emptied
+    assert not set(planner.instance_ids) & set(narrow)  # and no rank maps there
+    # A step boundary leaves, however little is left; a decode in progress leaves at review.
+    step = placement.place(_event("l0", 1, 2_000, "n0"), busy, 2.0)
+    assert step.reason == "vacating"
+    assert step.migrate
+    assert step.instance_id == "wide"
+    moves = placement.review([_event("l1", 0, 2_500, "n1")], busy, 5.0)
+    assert moves["l1"].instance_id == "wide"
+    assert planner.reshape(busy, 6.0) == []  # not empty yet
+    empty = [InstanceState("wide", 8, 8, 8), *(InstanceState(i, 0, 0, 1) for i in narrow)]
+    changes = planner.reshape(empty, 60.0)
+    assert [(c.retire, c.create.tp, c.reason) for c in changes] == [
+        (tuple(narrow), 8, "merge_vacated_for_tail")
+    ]
+    assert planner.vacating == ()
