@@ -6,13 +6,15 @@ longest first map to instances sorted widest first, so the long tail runs on wid
 low-latency instances and the many short trajectories on narrow, high-throughput ones.
 The search is simulated annealing from a sort-based start, each candidate costed by the
 presorted DP; moves split an instance in two or merge two equal ones; Metropolis
-acceptance from a temperature equal to the initial makespan, cooled geometrically.
+acceptance from a temperature equal to the initial makespan, cooled geometrically. A
+hill-climb then polishes the annealing's best with moves that merge the narrowest
+instances into one wide one at once (`SplitPlanner.polish`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,10 +108,39 @@ class SplitPlanner:
                 if cost(current).makespan_s < cost(best).makespan_s:
                     best = current
             temperature *= COOLING
+        best = self.polish(best, fits, lambda tps: cost(tps).makespan_s)
         final = solve(
             lengths_desc, contexts, [models[tp] for tp in best], max_kv_share=KV_SHARE_CAP
         )
         return SplitPlan(best, final, len(cache))
+
+    @staticmethod
+    def polish(
+        tps: tuple[int, ...], fits: Sequence[int], makespan: Callable[[tuple[int, ...]], float]
+    ) -> tuple[int, ...]:
+        """Hill-climb from the annealing's best with moves it takes several steps to
+        make: the narrowest instances merged into one of a wider allowed degree (eight
+        TP-1s into a TP-8 is three pair merges, the first two of which may cost more than
+        they gain). Each round takes the best such move while one pays."""
+        current = tps
+        for _ in range(len(fits) * 4):
+            candidates = []
+            for degree in fits:
+                narrow = sorted(tp for tp in current if tp < degree)
+                total, taken = 0, 0
+                while total < degree and taken < len(narrow):
+                    total += narrow[taken]
+                    taken += 1
+                if total == degree and taken >= 2:
+                    rest = list(current)
+                    for tp in narrow[:taken]:
+                        rest.remove(tp)
+                    candidates.append(tuple(sorted([*rest, degree], reverse=True)))
+            better = [c for c in candidates if makespan(c) < makespan(current)]
+            if not better:
+                return current
+            current = min(better, key=makespan)
+        return current
 
     @staticmethod
     def _neighbour(

@@ -67,6 +67,26 @@ def test_split_planner_returns_a_valid_split_no_worse_than_homogeneous() -> None
     assert plan.partition.makespan_s <= homogeneous.makespan_s
 
 
+def test_the_split_planner_polish_merges_narrow_instances_in_one_move() -> None:
+    # A heavy tail on 16 TP-1s: a TP-8 pays, but reaching it pair by pair (TP-2, TP-4,
+    # then TP-8) passes through splits the annealing may refuse.
+    lengths = [40_000.0] * 8 + [2_000.0] * 2_000
+    contexts = [30_000.0] * 8 + [1_500.0] * 2_000
+    planner = SplitPlanner("qwen3-14b", "h100", 16, (1, 2, 4, 8))
+    models = planner.models()
+
+    def makespan(tps: tuple[int, ...]) -> float:
+        return solve(lengths, contexts, [models[tp] for tp in tps]).makespan_s
+
+    start = (1,) * 16
+    polished = planner.polish(start, (1, 2, 4, 8), makespan)
+    assert sum(polished) == 16
+    assert 8 in polished
+    assert makespan(polished) < makespan(start)
+    # The polish never takes a move that does not pay.
+    assert planner.polish(polished, (1, 2, 4, 8), makespan) == polished
+
+
 def test_predictor_ranks_remaining_work_better_than_the_simple_estimators() -> None:
     history = [r.spec for r in generate("math", prompts=150, seed=0, iteration=0)]
     test = [r.spec for r in generate("math", prompts=150, seed=0, iteration=1)]
