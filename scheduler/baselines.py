@@ -131,6 +131,8 @@ def _heddle(
         planner = HeddlePlanner(ctx, predictor=RemainingPredictor.train(ctx.history))
     # A fixed split stays fixed: no reshaping between iterations or during rollout.
     planner.plan_tp, planner.reshape_during = plan_tp, plan_tp and reshape
+    # Emptying a busy block needs a placement that moves its trajectories off.
+    planner.vacate = dp and migrate
     order = LongestPredictedFirst(planner) if pps else FirstComeFirstServed()
     placement = HeddlePlacement(planner, use_dp=dp, migrate=migrate)
     return Policy(

@@ -50,6 +50,7 @@ class HeddlePlanner:
     truth: dict[str, TrajectorySpec] = field(default_factory=dict)
     plan_tp: bool = True
     reshape_during: bool = True
+    vacate: bool = True  # may empty a busy block to merge it (`_start_vacating`)
     remaining: dict[str, float] = field(default_factory=dict)
     _key: dict[str, float] = field(default_factory=dict)
     _context: dict[str, float] = field(default_factory=dict)
@@ -230,7 +231,8 @@ class HeddlePlanner:
             )
         if not kept:
             self._recheck_below = active - max(1, active // 50)
-            self._start_vacating(instances, current, where)
+            if self.vacate:
+                self._start_vacating(instances, current, where)
             return []
         self._recheck_below = float("inf")
         changes = [self._merge(*blocks[k], "merge_idle_for_tail") for k in kept]
