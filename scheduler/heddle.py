@@ -8,8 +8,10 @@ split read it. Before the first step it predicts every trajectory, chooses the T
 trajectory's remaining tokens; the trajectory's rank among the active ones, against the
 group sizes scaled to the active count, names its instance; if that is not where it ran,
 it moves there during its tool call (KV transfer). During rollout, idle narrow instances
-merge into wide ones when the DP says the tail gains more than the restart costs
-(`scheduler/reshape.py`); the plan is then re-solved over the instances that are up.
+merge into wide ones when the DP says the tail gains more than the restart costs, or a
+crowded long decode would run faster there; a block of busy narrow instances is emptied
+first when the DP wants it wide (`scheduler/reshape.py`). The plan is then re-solved
+over the instances that are up.
 """
 
 from __future__ import annotations
@@ -252,9 +254,9 @@ class HeddlePlanner:
         self, instances: Sequence[InstanceState], current: list[str], where: dict[str, int]
     ) -> None:
         """Beyond the paper: while every narrow instance still holds long trajectories
-        none goes idle, yet the DP, re-run on the re-predicted tail, wants more wide
-        instances than the batch-start plan (14B coding: one more TP-8 cuts its forecast
-        by a tenth from the first minutes on). The block of the widest degree whose
+        none goes idle, yet the DP, re-run on the re-predicted forecast, can want more
+        wide instances than the batch-start plan (14B coding: once the first steps have
+        re-ranked the batch). The block of the widest degree whose
         instances hold the least predicted work, of those whose merge pays by the DP's
         rule, stops taking steps; its trajectories leave at their next step or review."""
         assert self.layout is not None
