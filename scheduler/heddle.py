@@ -215,7 +215,7 @@ class HeddlePlanner:
             return []
         models, restart_s = self.instance_shapes()
         idle = [s.instance_id for s in instances if s.num_in_flight == 0 and s.num_sessions == 0]
-        blocks = self.layout.idle_blocks(idle, models)
+        blocks = self.layout.blocks_within(idle, models)
         layout = self.layout
         current = [s.instance_id for s in instances] + sorted(self.starting)
         where = {iid: k for k, iid in enumerate(current)}
@@ -263,9 +263,9 @@ class HeddlePlanner:
         layout = self.layout
         models, restart_s = self.instance_shapes()
         widest = max(models)
-        # The aligned blocks of the widest degree made of narrower instances, all up.
+        # The aligned blocks of the widest degree made of narrower instances that are up.
         up = {s.instance_id for s in instances}
-        blocks = [(members, tp) for members, tp in layout.idle_blocks(up, {widest})
+        blocks = [(members, tp) for members, tp in layout.blocks_within(up, {widest})
                   if all(layout.tp[i] < widest for i in members)]  # fmt: skip
         if not blocks:
             return

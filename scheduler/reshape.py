@@ -41,21 +41,22 @@ class GpuLayout:
             offset += tp
         return layout
 
-    def idle_blocks(
-        self, idle: Collection[str], widths: Collection[int]
+    def blocks_within(
+        self, instance_ids: Collection[str], widths: Collection[int]
     ) -> list[tuple[tuple[str, ...], int]]:
-        """Aligned blocks of an allowed width filled by two or more idle instances, as
-        (their ids by first GPU, the block's width): widest first, so a merge that pays
-        at the widest degree is taken before the narrower ones inside it."""
+        """Aligned blocks of an allowed width filled by two or more of `instance_ids`
+        (the idle ones, to merge now; all that are up, to choose one to empty), as (their
+        ids by first GPU, the block's width): widest first, so a merge that pays at the
+        widest degree is taken before the narrower ones inside it."""
         blocks = []
         for width in sorted(widths, reverse=True):
-            starts = {self.first_gpu[i] // width * width for i in idle if i in self.tp}
+            starts = {self.first_gpu[i] // width * width for i in instance_ids if i in self.tp}
             for start in sorted(starts):
                 inside = [i for i, first in self.first_gpu.items()
                           if start <= first < start + width]  # fmt: skip
                 if (
                     len(inside) >= 2
-                    and all(i in idle for i in inside)
+                    and all(i in instance_ids for i in inside)
                     and sum(self.tp[i] for i in inside) == width
                 ):
                     blocks.append((tuple(sorted(inside, key=self.first_gpu.__getitem__)), width))

@@ -31,28 +31,28 @@ def _spec(tid: str, *outputs: int, tool_s: float = 0.5) -> TrajectorySpec:
     return TrajectorySpec(tid, "g", 100, (*steps, StepSpec(outputs[-1])))
 
 
-def test_layout_blocks_only_aligned_fully_idle_blocks() -> None:
+def test_layout_blocks_only_aligned_fully_blocks_within() -> None:
     layout = GpuLayout.pack(["a", "b", "c", "d", "e"], [4, 1, 1, 1, 1])
     assert layout.first_gpu == {"a": 0, "b": 4, "c": 5, "d": 6, "e": 7}
     # c and d are both idle but not one aligned block (GPUs 5-6 straddle two TP-2 blocks).
-    assert layout.idle_blocks({"c", "d"}, {1, 2, 4, 8}) == []
+    assert layout.blocks_within({"c", "d"}, {1, 2, 4, 8}) == []
     # All four idle TP-1s fill GPUs 4-7: one TP-4 first, then the TP-2s inside it.
-    assert layout.idle_blocks({"b", "c", "d", "e"}, {1, 2, 4, 8}) == [
+    assert layout.blocks_within({"b", "c", "d", "e"}, {1, 2, 4, 8}) == [
         (("b", "c", "d", "e"), 4),
         (("b", "c"), 2),
         (("d", "e"), 2),
     ]
     # With the TP-4 idle too, the whole node: an 8-GPU block of mixed widths.
-    assert layout.idle_blocks({"a", "b", "c", "d", "e"}, {1, 8})[0] == (
+    assert layout.blocks_within({"a", "b", "c", "d", "e"}, {1, 8})[0] == (
         ("a", "b", "c", "d", "e"),
         8,
     )
-    assert layout.idle_blocks({"b", "c"}, {1, 4}) == []  # TP-2 not allowed, TP-4 not idle
+    assert layout.blocks_within({"b", "c"}, {1, 4}) == []  # TP-2 not allowed, TP-4 not idle
     layout.merge(("b", "c"), "f")
     layout.merge(("d", "e"), "g")
     assert layout.tp == {"a": 4, "f": 2, "g": 2}
-    assert layout.idle_blocks({"f", "g"}, {1, 2, 4, 8}) == [(("f", "g"), 4)]
-    assert layout.idle_blocks({"a", "f"}, {1, 2, 4, 8}) == []  # g, in a's block, is busy
+    assert layout.blocks_within({"f", "g"}, {1, 2, 4, 8}) == [(("f", "g"), 4)]
+    assert layout.blocks_within({"a", "f"}, {1, 2, 4, 8}) == []  # g, in a's block, is busy
 
 
 def test_a_merge_pays_for_a_long_tail_and_not_for_a_short_one() -> None:
