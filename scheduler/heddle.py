@@ -271,9 +271,9 @@ class HeddlePlanner:
             return
         lengths, contexts = self._forecast()
         tps = [layout.tp[i] for i in current]
-        paying = [members for members, _ in blocks
-                  if merges_that_pay(lengths, contexts, tps, [[where[i] for i in members]],
-                                     models, restart_s)]  # fmt: skip
+        groups = [[where[i] for i in members] for members, _ in blocks]
+        kept = merges_that_pay(lengths, contexts, tps, groups, models, restart_s, alone=True)
+        paying = [blocks[k][0] for k in kept]
         if paying:
             members = min(paying, key=lambda b: sum(self.work_on(i) for i in b))
             self.vacating = members

@@ -79,10 +79,13 @@ def merges_that_pay(
     models: dict[int, InstanceModel],
     restart_s: dict[int, float],
     idle: Collection[int] = (),
+    alone: bool = False,
 ) -> list[int]:
     """Which of `groups` (each indices into `current`, the ready instances' degrees) to
     merge, greedily in the order given: a merge is kept when the DP's makespan with the
     merged instance, plus its restart, beats the makespan without it by `MIN_GAIN`.
+    With `alone`, each group is judged on its own against the split as it is (the
+    candidates of which one will be chosen), the split's makespan solved once.
 
     The `idle` instances count as capacity only once merged: the DP would spread the
     tail over them, but a decode does not move to a narrower instance mid-step, so an
@@ -109,7 +112,8 @@ def merges_that_pay(
         time_s = makespan(trial + added + [merged_tp]) + restart_s[merged_tp]
         if time_s < base * (1 - MIN_GAIN):
             kept.append(k)
-            merged |= set(group)
-            added.append(merged_tp)
-            base = time_s
+            if not alone:
+                merged |= set(group)
+                added.append(merged_tp)
+                base = time_s
     return kept
