@@ -116,6 +116,10 @@ class EngineCore:
             self.waiting.remove(request_id)
         return True
 
+    def __contains__(self, request_id: str) -> bool:
+        """Whether a request is here, waiting or running."""
+        return request_id in self._by_id
+
     @property
     def num_requests(self) -> int:
         return len(self._by_id)

@@ -116,27 +116,33 @@ class SimulatedEngine:
         """Requests generating now (past their prefill): what a mid-step review sees."""
         return [r for r in self.core.running if not r.is_prefilling]
 
+    def queued_steps(self) -> list[EngineRequest]:
+        """Requests waiting for a seat: an instance being emptied moves them too."""
+        return list(self.core.waiting)
+
     def stop_to_move(self, request_id: str, target: str) -> bool:
-        """End a running request now, as made so far, to continue on `target`; its KV
-        stays here as a cached prefix for the move. False if it is no longer running."""
+        """End a request now, running or queued, as made so far, to continue on
+        `target`; its KV stays here as a cached prefix for the move. False if it is no
+        longer here."""
         pending = self._pending.get(request_id)
         if pending is None:
             return False
         request = pending.request
-        if request not in self.core.running or request.is_finished:
+        if request_id not in self.core or request.is_finished:
             return False
         made = request.num_output_tokens
         self.core.abort(request_id)
         del self._pending[request_id]
         if not pending.future.done():
             now = time.time()
+            started_at = pending.started_at or now  # a queued step "starts" as it leaves
             pending.future.set_result(
                 EngineResult(
                     request_id=request_id,
                     output_tokens=made,
                     cached_tokens=request.num_cached_tokens,
-                    queued_s=max(0.0, pending.started_at - pending.added_at),
-                    started_at=pending.started_at,
+                    queued_s=max(0.0, started_at - pending.added_at),
+                    started_at=started_at,
                     finished_at=now,
                     moved_to=target,
                 )

@@ -413,6 +413,11 @@ class VllmEngine:
         """Requests generating now (past their prefill): what a mid-step review sees."""
         return [r for r in self._running.values() if r.num_output_tokens]
 
+    def queued_steps(self) -> list[EngineRequest]:
+        """Requests vLLM has not yet given a token. A stream yields nothing earlier, so
+        one that is moved leaves after its first token."""
+        return [r for r in self._running.values() if not r.num_output_tokens]
+
     def stop_to_move(self, request_id: str, target: str) -> bool:
         """End a running request after its next token, as made so far, to continue on
         `target`. False if it is no longer running."""

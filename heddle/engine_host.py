@@ -124,8 +124,8 @@ class EngineHost:
         return self.pool[instance_id].load
 
     async def review(self) -> None:
-        """Show the scheduler the decodes in progress every `REVIEW_EVERY_S` (scaled) and
-        stop the ones it moves; each continues on its new instance (the trajectory
+        """Show the scheduler the steps in progress or queued every `REVIEW_EVERY_S`
+        (scaled) and stop the ones it moves; each continues on its new instance (the trajectory
         workflow moves the KV and resumes the step from the tokens made)."""
         while True:
             await asyncio.sleep(REVIEW_EVERY_S * self.time_scale)
@@ -134,7 +134,7 @@ class EngineHost:
             running = {
                 r.prefix_key: (iid, r.request_id, r.context_tokens + r.num_output_tokens)
                 for iid, engine in self.pool.engines.items()
-                for r in engine.running_decodes()
+                for r in engine.running_decodes() + engine.queued_steps()
             }
             try:
                 moves = self.service.review(

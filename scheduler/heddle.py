@@ -450,6 +450,11 @@ class HeddlePlacement:
     def on_batch_start(self, events: Sequence[StepEvent]) -> None:
         self.planner.on_batch_start(events)
 
+    @property
+    def emptying(self) -> tuple[str, ...]:
+        """The block being emptied to merge (`HeddlePlanner._start_vacating`)."""
+        return self.planner.vacating
+
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         self.planner.decoding.pop(event.trajectory_id, None)
         remaining = self.planner.update(event)
@@ -533,6 +538,8 @@ class HeddlePlacement:
             remaining = planner.update(event)
             target, share = planner.target(planner.rank(tid))
             if event.previous_instance in planner.vacating:
+                if target in by_id:
+                    target = self._least_work_of_width(target, instances, event, remaining)
                 moves[tid] = Decision(target, reason="vacating", migrate=True)
                 planner.book(tid, target)
                 continue

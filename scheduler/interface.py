@@ -211,6 +211,12 @@ class Policy:
     def reviews(self) -> bool:
         return hasattr(self.placement, "review")
 
+    @property
+    def emptying(self) -> frozenset[str]:
+        """Instances the placement is emptying: the review shows every step there,
+        queued ones and short decodes included, so all can leave at once."""
+        return frozenset(getattr(self.placement, "emptying", ()))
+
     def review(
         self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:

@@ -278,26 +278,29 @@ class SchedulerService:
         self, running: Sequence[tuple[str, str, int]], now: float
     ) -> list[tuple[str, str, str]]:
         """Mid-step moves, as in the simulator: `running` holds (instance, trajectory,
-        context now) for each decode in progress; a reviewing policy may move one that
-        has made `REVIEW_MIN_TOKENS` in its turn. Returns (trajectory, from, to)."""
+        context now) for each step in progress or queued; a reviewing policy may move one
+        that has made `REVIEW_MIN_TOKENS` in its turn, or any on an instance it is
+        emptying. Returns (trajectory, from, to)."""
         shown: dict[tuple[str, str], list[tuple[StepEvent, str]]] = {}
         for instance_id, tid, context in running:
             request = self._last_request.get(tid)
             if request is None:
                 continue
-            made = context - request.context_tokens
-            if made < REVIEW_MIN_TOKENS:
-                continue
             key = self._key(request.policy, request.batch_id)
-            if not self._policies[key].reviews:
+            policy = self._policies[key]
+            if not policy.reviews:
                 continue
+            made = context - request.context_tokens
             ours = {v: k for k, v in (self._live_ids.get(key) or {}).items()}
+            here = ours.get(instance_id, instance_id)
+            if made < REVIEW_MIN_TOKENS and here not in policy.emptying:
+                continue
             moved = replace(
                 request,
                 context_tokens=request.context_tokens + made,
                 generated_tokens=request.generated_tokens + made,
             )
-            event = step_event(moved, ours.get(instance_id, instance_id))
+            event = step_event(moved, here)
             shown.setdefault(key, []).append((event, instance_id))
         moves = []
         for key, items in shown.items():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from engines.costmodel import CostModel
+from engines.simulated import SimulatedEngine
 from tests.factories import create_core, request, run_until_done
 
 
@@ -179,3 +182,28 @@ def test_migrated_prefix_is_a_cache_hit() -> None:
     out = core.step()
     assert out.num_prefill_tokens == 100
     assert core.drop_prefix("nothing") == 0
+
+
+def test_a_queued_step_can_be_moved_before_it_runs() -> None:
+    """An instance being emptied moves its queued steps too (none made a token)."""
+
+    async def run() -> None:
+        engine = SimulatedEngine(instance_id="a", core=create_core(max_num_seqs=1))
+        await engine.start()
+        try:
+            first = asyncio.create_task(engine.generate(request("r1", new=5_000)))
+            second = asyncio.create_task(engine.generate(request("r2", new=10)))
+            while not engine.running_decodes():  # noqa: ASYNC110 (polls the engine)
+                await asyncio.sleep(0.001)
+            assert [r.request_id for r in engine.queued_steps()] == ["r2"]
+            assert engine.stop_to_move("r2", "b")
+            moved = await second
+            assert (moved.moved_to, moved.output_tokens) == ("b", 0)
+            assert engine.queued_steps() == []
+            assert not engine.stop_to_move("r2", "b")  # gone
+            assert engine.stop_to_move("r1", "b")  # a running one still moves
+            assert (await first).moved_to == "b"
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())

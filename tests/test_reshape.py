@@ -175,6 +175,55 @@ def test_a_long_decode_moves_mid_step_and_resumes_from_its_tokens() -> None:
     assert moved.makespan_s < stay.makespan_s
 
 
+class _EmptyA(LeastLoaded):
+    """Test placement: every first step goes to "a", which it then empties (if `empty`),
+    moving every step shown there to "c"."""
+
+    def __init__(self, empty: bool, batch: int) -> None:
+        self.empty, self.batch = empty, batch
+        self.emptying: tuple[str, ...] = ()
+        self.shown: list[StepEvent] = []
+
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        self.batch -= 1
+        if self.empty and self.batch == 0:
+            self.emptying = ("a",)
+        return Decision("a" if event.step_index == 0 else "c", reason="fixed")
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        self.shown += events
+        return {e.trajectory_id: Decision("c", reason="emptying") for e in events
+                if e.previous_instance in self.emptying}  # fmt: skip
+
+
+def test_an_instance_being_emptied_shows_and_loses_every_step_at_the_next_review() -> None:
+    """Queued steps and short decodes on an instance being emptied are shown to the
+    review too, and all leave at once: emptying must not wait for a queue to drain."""
+    trace = [_spec("long", 20_000), *(_spec(f"s{k}", 1_500) for k in range(40))]
+    runs = {}
+    for empty in (False, True):
+        placement = _EmptyA(empty, len(trace))
+        sim = Simulator(trace=trace, policy=Policy("e", FirstComeFirstServed(), placement,
+                        _Fixed()), record_steps=True, max_num_seqs=4, **CLUSTER)  # fmt: skip
+        runs[empty] = (placement, sim, sim.run())
+    keep, _, kept = runs[False]
+    # Without emptying only the long decode is shown, once it has made 2,048 tokens.
+    assert {e.trajectory_id for e in keep.shown} == {"long"}
+    assert kept.migrations == 0
+    placement, sim, moved = runs[True]
+    # At the first review (5 s, before any step ends) all 41 on "a" are shown and leave.
+    on_a = [e for e in placement.shown if e.previous_instance == "a"]
+    assert len(on_a) == 41
+    assert max(e.generated_tokens for e in on_a) < 2048
+    assert sum(e.generated_tokens == 0 for e in on_a) >= 41 - 4  # queued: 4 seats
+    assert moved.migrations == 41
+    assert sim.step_log is not None
+    assert all(row[6] == "c" for row in sim.step_log)  # no step finished on "a"
+    assert moved.generated_tokens == kept.generated_tokens == 20_000 + 40 * 1_500
+
+
 class _NoReview(LeastLoaded):
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         return Decision("a" if event.trajectory_id == "long" else "b", reason="fixed")

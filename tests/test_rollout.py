@@ -388,3 +388,48 @@ def test_a_long_decode_moves_mid_step_and_makes_each_token_once(
             assert kinds.count("migrate_kv") == 1
 
     asyncio.run(run())
+
+
+class _EmptyI0(_MoveLongDecodes):
+    """Test placement: every step starts on i0, which it is emptying: the review moves
+    each to i1, however few tokens it has made."""
+
+    emptying = ("i0",)
+
+
+def test_a_short_decode_leaves_an_instance_being_emptied(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from scheduler.split import Homogeneous
+
+    monkeypatch.setitem(
+        registry.POLICIES,
+        "test-empty-i0",
+        lambda ctx: Policy("test-empty-i0", FirstComeFirstServed(), _EmptyI0(), Homogeneous(1)),
+    )
+    # 1,500 tokens, under the 2,048 a decode must make to be shown elsewhere.
+    spec = TrajectorySpec("short", "g", 200, (StepSpec(1500),), "math")
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.05
+        ) as client:
+            handle = await client.start_rollout(
+                records=[TraceRecord(spec)], options=RolloutOptions(policy="test-empty-i0")
+            )
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert (report.completed, report.generated_tokens) == (1, 1500)
+            row = client.store.get_trajectory(handle.batch_id, "short")
+            assert row is not None
+            assert [(st["instance_id"], st["output_tokens"]) for st in row["steps"]] == [
+                ("i1", 1500)
+            ]
+            history = await client.temporal.get_workflow_handle(
+                f"{handle.batch_id}/short"
+            ).fetch_history()
+            assert list(scheduled_activities(history).values()).count("generate") == 2
+
+    asyncio.run(run())

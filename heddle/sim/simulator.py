@@ -368,18 +368,24 @@ class Simulator:
     def _review(self) -> None:
         shown: dict[str, tuple[_Instance, EngineRequest]] = {}
         events = []
+        emptying = self.policy.emptying
         for inst in self.instances.values():
             # Tokens made inside a decode block so far (the block is not cut to look).
             in_block = 0
             if inst.block is not None:
                 in_block = max(0, inst.block.iterations_done_by(self.now - inst.block_start) - 1)
-            for request in inst.core.running:
-                if request.is_prefilling:
+            # An instance being emptied shows every step, queued ones included.
+            everything = inst.spec.instance_id in emptying
+            requests = [(r, not r.is_prefilling) for r in inst.core.running]
+            if everything:
+                requests += [(r, False) for r in inst.core.waiting]
+            for request, decoding in requests:
+                if not (decoding or everything):
                     continue
                 tid = request.prefix_key
                 traj = self.trajectories[tid]
-                made = traj.step_offset + request.num_output_tokens + in_block
-                if made >= REVIEW_MIN_TOKENS:
+                made = traj.step_offset + request.num_output_tokens + (in_block if decoding else 0)
+                if made >= REVIEW_MIN_TOKENS or everything:
                     shown[tid] = (inst, request)
                     events.append(self._event(traj, made))
         if events:
@@ -394,11 +400,12 @@ class Simulator:
     def _move_running(
         self, tid: str, inst: _Instance, request: EngineRequest, decision: Decision
     ) -> None:
-        """Stop a step mid-decode and resume it on another instance after its KV moves."""
+        """Stop a step mid-decode (or take it out of the queue) and resume it on another
+        instance after its KV moves."""
         if decision.instance_id == inst.spec.instance_id:
             return
         self._materialise(inst)
-        if request.is_finished or request not in inst.core.running:
+        if request.is_finished or request.request_id not in inst.core:
             if not inst.running:
                 self._start(inst)
             return  # it finished (or was preempted) at the boundary: nothing to move
