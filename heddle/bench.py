@@ -41,9 +41,10 @@ def run_bench(
     policies: Sequence[str],
     *,
     history: Sequence[TrajectorySpec] = (),
+    predictor_seed: int = 0,
 ) -> BenchResult:
     """Simulate each policy on the trace; unknown names fail before any run."""
-    ctx = PolicyContext.for_cluster(cluster, history, trace)
+    ctx = PolicyContext.for_cluster(cluster, history, trace, predictor_seed)
     built = [create_policy(name, ctx) for name in policies]  # validates every name first
     bench = BenchResult(
         lower_bound(

@@ -128,7 +128,8 @@ def _heddle(
                 f"policy {name!r} learns from an earlier iteration: give it a history "
                 "(heddle bench --history FILE)"
             )
-        planner = HeddlePlanner(ctx, predictor=RemainingPredictor.train(ctx.history))
+        predictor = RemainingPredictor.train(ctx.history, seed=ctx.predictor_seed)
+        planner = HeddlePlanner(ctx, predictor=predictor)
     # A fixed split stays fixed: no reshaping between iterations or during rollout.
     planner.plan_tp, planner.reshape_during = plan_tp, plan_tp and reshape
     # Emptying a busy block needs a placement that moves its trajectories off.

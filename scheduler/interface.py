@@ -145,6 +145,9 @@ class PolicyContext:
     gpu_memory_utilization: float = 0.9
     # The batch itself, for the oracle ablation only (true lengths: the predictor's headroom).
     truth: tuple[TrajectorySpec, ...] = ()
+    # The predictor's training seed (LightGBM's feature sampling): measuring how much a
+    # makespan moves with it tells a policy's effect from noise (benchmarks/noise.py).
+    predictor_seed: int = 0
 
     @classmethod
     def for_cluster(
@@ -152,6 +155,7 @@ class PolicyContext:
         cluster: ClusterConfig,
         history: Sequence[TrajectorySpec] = (),
         truth: Sequence[TrajectorySpec] = (),
+        predictor_seed: int = 0,
     ) -> PolicyContext:
         return cls(
             default_tp=cluster.default_tp,
@@ -163,6 +167,7 @@ class PolicyContext:
             num_gpus=cluster.num_gpus,
             gpu_memory_utilization=cluster.gpu_memory_utilization,
             truth=tuple(truth),
+            predictor_seed=predictor_seed,
         )
 
 

@@ -152,14 +152,15 @@ class RemainingPredictor:
 
     @classmethod
     def train(
-        cls, history: Sequence[TrajectorySpec], *, num_rounds: int = NUM_ROUNDS
+        cls, history: Sequence[TrajectorySpec], *, num_rounds: int = NUM_ROUNDS, seed: int = 0
     ) -> RemainingPredictor:
-        """Fit on a finished iteration; its prompts' record becomes the prior."""
+        """Fit on a finished iteration; its prompts' record becomes the prior. `seed`
+        drives LightGBM's feature sampling: the fit is deterministic for each."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
         x, y, _ = training_rows(history)
         data = lightgbm.Dataset(x, y, feature_name=list(FEATURES), free_raw_data=False)
-        booster = lightgbm.train(PARAMS, data, num_boost_round=num_rounds)
+        booster = lightgbm.train(PARAMS | {"seed": seed}, data, num_boost_round=num_rounds)
         return cls(booster, GroupMemory.from_history(history))
 
     def event_row(self, event: StepEvent) -> list[float]:

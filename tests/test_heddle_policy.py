@@ -16,6 +16,7 @@ from scheduler.heddle import HeddlePlacement, HeddlePlanner
 from scheduler.interface import InstanceState, PolicyContext, StepEvent
 from scheduler.placement_dp import InstanceModel, brute_force, solve
 from scheduler.predictor import RemainingPredictor, evaluate, training_rows
+from scheduler.registry import create_policy
 from scheduler.resources import SplitPlanner
 
 
@@ -99,6 +100,19 @@ def test_predictor_ranks_remaining_work_better_than_the_simple_estimators() -> N
     report = evaluate({"lgbm": predicted, "sibling": sibling}, test, at_steps=(2,))
     assert report["lgbm@2"]["pearson_r"] >= 0.7
     assert report["lgbm@2"]["pearson_r"] > report["sibling@2"]["pearson_r"]
+
+
+def test_the_predictor_seed_is_deterministic_and_reaches_heddle() -> None:
+    """`benchmarks/noise.py` varies only the predictor's seed: each seed must give one
+    fit, and different seeds different fits, or its spread would measure nothing."""
+    history = [r.spec for r in generate("coding", prompts=60, seed=0, iteration=0)]
+    x, _, _ = training_rows(history)
+    fits = [RemainingPredictor.train(history, seed=s).predict_rows(x) for s in (0, 0, 1)]
+    assert (fits[0] == fits[1]).all()
+    assert (fits[0] != fits[2]).any()
+    ctx = PolicyContext(history=tuple(history), predictor_seed=1)
+    planner = create_policy("heddle", ctx).placement.planner  # type: ignore[attr-defined]
+    assert (planner.predictor.predict_rows(x) == fits[2]).all()
 
 
 def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:

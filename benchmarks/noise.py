@@ -1,0 +1,68 @@
+"""How far a policy's makespan moves when only its predictor's training seed changes
+(LightGBM's feature sampling), beside how far it moves between traces: a change to a
+policy is real only if it moves the mean over both by more than this spread.
+
+    python benchmarks/noise.py [--model qwen3-14b] [--workload coding] [--seeds 3]
+                               [--predictor-seeds 3] [--policy heddle] [--jobs 2]
+
+Prints each (trace seed, predictor seed) run's makespan and throughput over verl on the
+same trace, then per trace the spread over predictor seeds (largest makespan over
+smallest) and the mean ratio over all runs. The setting is benchmarks/paper_setting.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+
+from paper_setting import BASELINE, MODELS, WORKLOADS  # this folder's sibling script
+
+from heddle.bench import run_bench
+from heddle.config import ClusterConfig
+from heddle.workloads import generate
+
+
+def makespan(model: str, workload: str, seed: int, policy: str, predictor_seed: int) -> float:
+    """One run: iteration 1 of the workload is the trace, iteration 0 the history."""
+    cluster = ClusterConfig(model=model, gpu="h100", num_gpus=64, default_tp=MODELS[model])
+    trace, history = (
+        [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=it)]
+        for it in (1, 0)
+    )  # fmt: skip
+    bench = run_bench(trace, cluster, [policy], history=history, predictor_seed=predictor_seed)
+    return bench.results[policy].makespan_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-14b")
+    parser.add_argument("--workload", choices=WORKLOADS, default="coding")
+    parser.add_argument("--seeds", type=int, default=3, help="trace seeds 0..N-1")
+    parser.add_argument("--predictor-seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument("--policy", default="heddle")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    seeds, pseeds = range(args.seeds), range(args.predictor_seeds)
+    runs = [(s, p) for s in seeds for p in pseeds]
+    common = (args.model, args.workload)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        base = {s: pool.submit(makespan, *common, s, BASELINE, 0) for s in seeds}
+        ours = {r: pool.submit(makespan, *common, r[0], args.policy, r[1]) for r in runs}
+        verl = {s: f.result() for s, f in base.items()}
+        made = {r: f.result() for r, f in ours.items()}
+    print(f"{args.policy} on {args.model} {args.workload}: makespan (x {BASELINE}) by trace "
+          f"seed and predictor seed")  # fmt: skip
+    for s in seeds:
+        cells = "  ".join(
+            f"p{p}: {made[s, p]:6.0f} s (x{verl[s] / made[s, p]:.2f})" for p in pseeds
+        )
+        spread = max(made[s, p] for p in pseeds) / min(made[s, p] for p in pseeds) - 1
+        print(f"  trace {s} ({BASELINE} {verl[s]:.0f} s): {cells}  spread {spread:.1%}")
+    ratios = [verl[s] / made[s, p] for s, p in runs]
+    print(f"  mean x{statistics.fmean(ratios):.3f} over {len(runs)} runs "
+          f"(lowest x{min(ratios):.2f}, highest x{max(ratios):.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
