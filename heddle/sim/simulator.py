@@ -408,7 +408,7 @@ class Simulator:
         if request.is_finished or request.request_id not in inst.core:
             if not inst.running:
                 self._start(inst)
-            return  # it finished (or was preempted) at the boundary: nothing to move
+            return  # it finished at the boundary: nothing to move (a preempted one moves)
         traj = self.trajectories[tid]
         traj.step_offset += request.num_output_tokens
         inst.core.abort(request.request_id)
