@@ -255,6 +255,20 @@ def test_every_live_policy_completes_a_batch(
     asyncio.run(run())
 
 
+def _register(monkeypatch: pytest.MonkeyPatch, name: str, placement: type) -> None:
+    """Register a test placement as a policy (FCFS, TP-1 instances) for one test."""
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from scheduler.split import Homogeneous
+
+    monkeypatch.setitem(
+        registry.POLICIES,
+        name,
+        lambda ctx: Policy(name, FirstComeFirstServed(), placement(), Homogeneous(1)),
+    )
+
+
 class _PingPong(LeastLoaded):
     """Test placement: each step on the other instance of i0/i1, its KV migrated."""
 
@@ -270,16 +284,7 @@ class _PingPong(LeastLoaded):
 def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
     temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler import registry
-    from scheduler.interface import Policy
-    from scheduler.order import FirstComeFirstServed
-    from scheduler.split import Homogeneous
-
-    monkeypatch.setitem(
-        registry.POLICIES,
-        "test-ping-pong",
-        lambda ctx: Policy("test-ping-pong", FirstComeFirstServed(), _PingPong(), Homogeneous(1)),
-    )
+    _register(monkeypatch, "test-ping-pong", _PingPong)
     steps = (*(StepSpec(40, "python", 5.0, "ok", 30) for _ in range(3)), StepSpec(40))
     records = [TraceRecord(TrajectorySpec(f"m{k}", "g", 200, steps, "coding")) for k in range(3)]
 
@@ -349,18 +354,7 @@ class _MoveLongDecodes(_PingPong):
 def test_a_long_decode_moves_mid_step_and_makes_each_token_once(
     temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler import registry
-    from scheduler.interface import Policy
-    from scheduler.order import FirstComeFirstServed
-    from scheduler.split import Homogeneous
-
-    monkeypatch.setitem(
-        registry.POLICIES,
-        "test-move-long",
-        lambda ctx: Policy(
-            "test-move-long", FirstComeFirstServed(), _MoveLongDecodes(), Homogeneous(1)
-        ),
-    )
+    _register(monkeypatch, "test-move-long", _MoveLongDecodes)
     # 6,000 tokens at TP 1 take ~40 s of cluster time: reviewed every 5 s, shown once
     # past 2,048 tokens, moved at the next review.
     spec = TrajectorySpec("long", "g", 200, (StepSpec(6000),), "math")
@@ -400,16 +394,7 @@ class _EmptyI0(_MoveLongDecodes):
 def test_a_short_decode_leaves_an_instance_being_emptied(
     temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler import registry
-    from scheduler.interface import Policy
-    from scheduler.order import FirstComeFirstServed
-    from scheduler.split import Homogeneous
-
-    monkeypatch.setitem(
-        registry.POLICIES,
-        "test-empty-i0",
-        lambda ctx: Policy("test-empty-i0", FirstComeFirstServed(), _EmptyI0(), Homogeneous(1)),
-    )
+    _register(monkeypatch, "test-empty-i0", _EmptyI0)
     # 1,500 tokens, under the 2,048 a decode must make to be shown elsewhere.
     spec = TrajectorySpec("short", "g", 200, (StepSpec(1500),), "math")
 
