@@ -351,39 +351,6 @@ class _MoveLongDecodes(_PingPong):
                 if e.previous_instance == "i0"}  # fmt: skip
 
 
-def test_a_long_decode_moves_mid_step_and_makes_each_token_once(
-    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _register(monkeypatch, "test-move-long", _MoveLongDecodes)
-    # 6,000 tokens at TP 1 take ~40 s of cluster time: reviewed every 5 s, shown once
-    # past 2,048 tokens, moved at the next review.
-    spec = TrajectorySpec("long", "g", 200, (StepSpec(6000),), "math")
-
-    async def run() -> None:
-        async with live_client(
-            temporal_address, store_url, queue_prefix, time_scale=0.05
-        ) as client:
-            handle = await client.start_rollout(
-                records=[TraceRecord(spec)], options=RolloutOptions(policy="test-move-long")
-            )
-            report = await asyncio.wait_for(handle.report(), 120)
-            assert report.completed == 1
-            assert report.generated_tokens == 6000
-            row = client.store.get_trajectory(handle.batch_id, "long")
-            assert row is not None
-            assert [(st["instance_id"], st["output_tokens"]) for st in row["steps"]] == [
-                ("i1", 6000)
-            ]
-            history = await client.temporal.get_workflow_handle(
-                f"{handle.batch_id}/long"
-            ).fetch_history()
-            kinds = list(scheduled_activities(history).values())
-            assert kinds.count("generate") == 2  # the part on i0, the rest on i1
-            assert kinds.count("migrate_kv") == 1
-
-    asyncio.run(run())
-
-
 class _EmptyI0(_MoveLongDecodes):
     """Test placement: every step starts on i0, which it is emptying: the review moves
     each to i1, however few tokens it has made."""
@@ -391,30 +358,47 @@ class _EmptyI0(_MoveLongDecodes):
     emptying = ("i0",)
 
 
-def test_a_short_decode_leaves_an_instance_being_emptied(
-    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("placement", "tokens"),
+    [
+        # 6,000 tokens at TP 1 take ~40 s of cluster time: reviewed every 5 s, shown
+        # once past 2,048 tokens, moved at the next review.
+        (_MoveLongDecodes, 6000),
+        # 1,500 tokens, under those 2,048: shown only because i0 is being emptied.
+        (_EmptyI0, 1500),
+    ],
+    ids=["long-decode", "emptied-instance"],
+)
+def test_a_decode_moves_mid_step_and_makes_each_token_once(
+    temporal_address: str,
+    store_url: str,
+    queue_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    placement: type,
+    tokens: int,
 ) -> None:
-    _register(monkeypatch, "test-empty-i0", _EmptyI0)
-    # 1,500 tokens, under the 2,048 a decode must make to be shown elsewhere.
-    spec = TrajectorySpec("short", "g", 200, (StepSpec(1500),), "math")
+    _register(monkeypatch, "test-move", placement)
+    spec = TrajectorySpec("t", "g", 200, (StepSpec(tokens),), "math")
 
     async def run() -> None:
         async with live_client(
             temporal_address, store_url, queue_prefix, time_scale=0.05
         ) as client:
             handle = await client.start_rollout(
-                records=[TraceRecord(spec)], options=RolloutOptions(policy="test-empty-i0")
+                records=[TraceRecord(spec)], options=RolloutOptions(policy="test-move")
             )
             report = await asyncio.wait_for(handle.report(), 120)
-            assert (report.completed, report.generated_tokens) == (1, 1500)
-            row = client.store.get_trajectory(handle.batch_id, "short")
+            assert (report.completed, report.generated_tokens) == (1, tokens)
+            row = client.store.get_trajectory(handle.batch_id, "t")
             assert row is not None
             assert [(st["instance_id"], st["output_tokens"]) for st in row["steps"]] == [
-                ("i1", 1500)
+                ("i1", tokens)
             ]
             history = await client.temporal.get_workflow_handle(
-                f"{handle.batch_id}/short"
+                f"{handle.batch_id}/t"
             ).fetch_history()
-            assert list(scheduled_activities(history).values()).count("generate") == 2
+            kinds = list(scheduled_activities(history).values())
+            assert kinds.count("generate") == 2  # the part on i0, the rest on i1
+            assert kinds.count("migrate_kv") == 1
 
     asyncio.run(run())
