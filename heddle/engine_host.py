@@ -125,8 +125,8 @@ class EngineHost:
 
     async def review(self) -> None:
         """Show the scheduler the steps in progress or queued every `REVIEW_EVERY_S`
-        (scaled) and stop the ones it moves; each continues on its new instance (the trajectory
-        workflow moves the KV and resumes the step from the tokens made)."""
+        (scaled) and stop the ones it moves; each continues on its new instance (the
+        trajectory workflow moves the KV and resumes the step from the tokens made)."""
         while True:
             await asyncio.sleep(REVIEW_EVERY_S * self.time_scale)
             if self.pool is None:

@@ -282,18 +282,24 @@ class SchedulerService:
         that has made `REVIEW_MIN_TOKENS` in its turn, or any on an instance it is
         emptying. Returns (trajectory, from, to)."""
         shown: dict[tuple[str, str], list[tuple[StepEvent, str]]] = {}
+        # Per batch, once a review: the cluster's ids -> the policy's, and what it empties
+        # (None: the policy does not review).
+        views: dict[tuple[str, str], tuple[dict[str, str], frozenset[str]] | None] = {}
         for instance_id, tid, context in running:
             request = self._last_request.get(tid)
             if request is None:
                 continue
             key = self._key(request.policy, request.batch_id)
-            policy = self._policies[key]
-            if not policy.reviews:
+            if key not in views:
+                policy = self._policies[key]
+                ours = {v: k for k, v in (self._live_ids.get(key) or {}).items()}
+                views[key] = (ours, policy.emptying) if policy.reviews else None
+            view = views[key]
+            if view is None:
                 continue
             made = context - request.context_tokens
-            ours = {v: k for k, v in (self._live_ids.get(key) or {}).items()}
-            here = ours.get(instance_id, instance_id)
-            if made < REVIEW_MIN_TOKENS and here not in policy.emptying:
+            here = view[0].get(instance_id, instance_id)
+            if made < REVIEW_MIN_TOKENS and here not in view[1]:
                 continue
             moved = replace(
                 request,
