@@ -16,22 +16,13 @@ import argparse
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from paper_setting import BASELINE, MODELS, WORKLOADS  # this folder's sibling script
-
-from heddle.bench import run_bench
-from heddle.config import ClusterConfig
-from heddle.workloads import generate
+from paper_setting import BASELINE, MODELS, WORKLOADS, run_cell  # this folder's sibling
 
 
 def makespan(model: str, workload: str, seed: int, policy: str, predictor_seed: int) -> float:
-    """One run: iteration 1 of the workload is the trace, iteration 0 the history."""
-    cluster = ClusterConfig(model=model, gpu="h100", num_gpus=64, default_tp=MODELS[model])
-    trace, history = (
-        [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=it)]
-        for it in (1, 0)
-    )  # fmt: skip
-    bench = run_bench(trace, cluster, [policy], history=history, predictor_seed=predictor_seed)
-    return bench.results[policy].makespan_s
+    """One run, as benchmarks/paper_setting.py runs it (400 prompts x 16, 64 GPUs)."""
+    cell = run_cell(model, workload, seed, 400, 16, 64, [policy], predictor_seed)
+    return float(cell["policies"][policy]["makespan_s"])
 
 
 def main() -> None:

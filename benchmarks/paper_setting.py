@@ -36,7 +36,7 @@ BASELINE = "verl"
 
 def run_cell(
     model: str, workload: str, seed: int, prompts: int, samples: int, gpus: int,
-    policies: list[str],
+    policies: list[str], predictor_seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """One setting on one seed: iteration 1 is the trace, iteration 0 the history."""
     cluster = ClusterConfig(model=model, gpu="h100", num_gpus=gpus, default_tp=MODELS[model])
@@ -46,7 +46,7 @@ def run_cell(
         for it in (1, 0)
     )  # fmt: skip
     started = time.perf_counter()
-    bench = run_bench(trace, cluster, policies, history=history)
+    bench = run_bench(trace, cluster, policies, history=history, predictor_seed=predictor_seed)
     out = bench.to_json(trace=f"{workload} seed {seed} iteration 1", cluster=cluster)
     out["sim_wall_s"] = time.perf_counter() - started
     return out
