@@ -124,17 +124,20 @@ class EngineHost:
         return self.pool[instance_id].load
 
     async def review(self) -> None:
-        """Show the scheduler the steps in progress or queued every `REVIEW_EVERY_S`
-        (scaled) and stop the ones it moves; each continues on its new instance (the
-        trajectory workflow moves the KV and resumes the step from the tokens made)."""
+        """Show the scheduler the decodes in progress, and the queued steps on instances
+        it is emptying, every `REVIEW_EVERY_S` (scaled), and stop the ones it moves; each
+        continues on its new instance (the trajectory workflow moves the KV and resumes
+        the step from the tokens made)."""
         while True:
             await asyncio.sleep(REVIEW_EVERY_S * self.time_scale)
             if self.pool is None:
                 continue
+            emptying = self.service.emptying()
             running = {
                 r.prefix_key: (iid, r.request_id, r.context_tokens + r.num_output_tokens)
                 for iid, engine in self.pool.engines.items()
-                for r in engine.running_decodes() + engine.queued_steps()
+                for r in engine.running_decodes()
+                + (engine.queued_steps() if iid in emptying else [])
             }
             try:
                 moves = self.service.review(

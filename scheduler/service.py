@@ -140,6 +140,15 @@ class SchedulerService:
                 self.in_flight[iid] = max(self.in_flight[iid], load)
         self.kv_usage.update(kv_usage or {})
 
+    def emptying(self) -> set[str]:
+        """The instances (the cluster's ids) a policy is emptying: their queued steps are
+        worth showing to `review`; elsewhere only long decodes are."""
+        return {
+            (self._live_ids.get(key) or {}).get(iid, iid)
+            for key, policy in self._policies.items()
+            for iid in policy.emptying
+        }
+
     def reshapes(self, now: float) -> list[tuple[list[str], str, int]]:
         """Changes the planning policies want to the split during rollout (the
         simulator's `Reshaper`), as (instances to retire, new instance, its TP) in the
