@@ -7,6 +7,12 @@ three output lengths, errors so far, the finished siblings of the GRPO group (co
 mean, max), and the prompt's record in an earlier iteration (mean and P90 of its
 trajectories' lengths). Hashed n-grams of text are not used: the traces Heddle
 generates carry no text (a trace with `text` would add them here).
+
+Its forecast is an expected count: the exp of a fit on the log is near the median,
+which falls short of the mean most where the spread is widest, at the first step. Each
+step index gets Duan's smearing factor, mean exp(residual), from out-of-fold residuals
+(about 1.7 at step 0 against 1.3 from step 3 on coding). The DP sums work and KV, and
+a queue orders first steps against later ones: both need the mean.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ PARAMS = {
     "seed": 0,
 }
 NUM_ROUNDS = 200
+# Smearing factors per step index, the last bucket for every later step; fit on
+# `SMEAR_FOLDS` folds of the history's trajectories, each predicted by a model that did
+# not see it (in-sample residuals are narrower than a new iteration's).
+STEP_BUCKETS = 4
+SMEAR_FOLDS = 2
 
 
 @dataclass
@@ -146,9 +157,12 @@ def training_rows(
 
 
 class RemainingPredictor:
-    def __init__(self, booster: lightgbm.Booster, memory: GroupMemory) -> None:
+    def __init__(
+        self, booster: lightgbm.Booster, memory: GroupMemory, smear: Sequence[float] = ()
+    ) -> None:
         self.booster = booster
         self.memory = memory
+        self.smear = np.asarray(smear or [1.0] * STEP_BUCKETS, dtype=np.float64)
 
     @classmethod
     def train(
@@ -158,10 +172,25 @@ class RemainingPredictor:
         drives LightGBM's feature sampling: the fit is deterministic for each."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
-        x, y, _ = training_rows(history)
-        data = lightgbm.Dataset(x, y, feature_name=list(FEATURES), free_raw_data=False)
-        booster = lightgbm.train(PARAMS | {"seed": seed}, data, num_boost_round=num_rounds)
-        return cls(booster, GroupMemory.from_history(history))
+        x, y, where = training_rows(history)
+        params = PARAMS | {"seed": seed}
+
+        def fit(rows: np.ndarray) -> lightgbm.Booster:
+            data = lightgbm.Dataset(x[rows], y[rows], feature_name=list(FEATURES))
+            return lightgbm.train(params, data, num_boost_round=num_rounds)
+
+        fold = np.asarray([t for t, _ in where]) % SMEAR_FOLDS
+        out_of_fold = np.empty_like(y)
+        for k in range(SMEAR_FOLDS):
+            held = fold == k
+            if held.all():  # one trajectory: nothing to fit the others on
+                return cls(fit(np.ones_like(held)), GroupMemory.from_history(history))
+            out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
+        ratio = np.exp(y - out_of_fold)
+        bucket = _bucket(x)
+        smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
+                 for b in range(STEP_BUCKETS)]  # fmt: skip
+        return cls(fit(np.ones_like(fold, dtype=bool)), GroupMemory.from_history(history), smear)
 
     def event_row(self, event: StepEvent) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
@@ -181,11 +210,18 @@ class RemainingPredictor:
         )
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Remaining generated tokens for each row."""
-        return np.expm1(self.booster.predict(rows, num_threads=1)).clip(min=1.0)
+        """Expected remaining generated tokens for each row."""
+        median = np.exp(self.booster.predict(rows, num_threads=1))
+        return (median * self.smear[_bucket(rows)] - 1.0).clip(min=1.0)
 
     def predict(self, event: StepEvent) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
+
+
+def _bucket(rows: np.ndarray) -> np.ndarray:
+    """Each row's smearing bucket: its step index, later steps sharing the last."""
+    step = rows[:, FEATURES.index("step_index")]
+    return np.minimum(step, STEP_BUCKETS - 1).astype(np.int64)
 
 
 # ---- evaluation --------------------------------------------------------------------------

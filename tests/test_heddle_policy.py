@@ -115,6 +115,28 @@ def test_the_predictor_seed_is_deterministic_and_reaches_heddle() -> None:
     assert (planner.predictor.predict_rows(x) == fits[2]).all()
 
 
+def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
+    """A fit on log tokens predicts near the median; the DP sums work and KV, so each
+    step index is scaled by its out-of-fold smearing factor. On a new iteration the
+    scaled forecast's total is closer to the true total at every step, and the factor
+    is largest at the first step, where the spread is widest."""
+    history = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=0)]
+    test = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=1)]
+    predictor = RemainingPredictor.train(history)
+    assert predictor.smear[0] == max(predictor.smear)
+    assert min(predictor.smear) > 1.0
+    x, y, where = training_rows(test)
+    expected = predictor.predict_rows(x)
+    median = np.expm1(predictor.booster.predict(x)).clip(min=1.0)
+    true = np.expm1(y)
+    step = np.asarray([k for _, k in where])
+    for k in (0, 1, 2, 3):
+        at = step == k
+        bias_expected = abs(np.log(expected[at].sum() / true[at].sum()))
+        bias_median = abs(np.log(median[at].sum() / true[at].sum()))
+        assert bias_expected < bias_median, k
+
+
 def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
     return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
                      prompt_tokens=100)  # fmt: skip
