@@ -113,8 +113,10 @@ class SimulatedEngine:
             raise
 
     def running_decodes(self) -> list[EngineRequest]:
-        """Requests generating now (past their prefill): what a mid-step review sees."""
-        return [r for r in self.core.running if not r.is_prefilling]
+        """Requests that have generated, preempted ones included (as vLLM's stream shows
+        them): what a mid-step review sees."""
+        waiting = [r for r in self.core.waiting if r.num_output_tokens]
+        return [r for r in self.core.running if r.num_output_tokens] + waiting
 
     def queued_steps(self) -> list[EngineRequest]:
         """Requests waiting for a seat: an instance being emptied moves them too."""

@@ -59,6 +59,9 @@ class StepEvent:
     # The tool-return path so far: "tool:size-bin:status" per call (Libra's tree key).
     tool_path: tuple[str, ...] = ()
     recent_output_tokens: tuple[int, ...] = ()
+    # Tokens of the current turn made so far: a step in progress shown to a review (its
+    # `generated_tokens` and `context_tokens` include them); 0 at a step boundary.
+    step_tokens: int = 0
 
 
 class Order(Protocol):

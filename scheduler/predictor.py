@@ -4,8 +4,9 @@ re-estimated before every step from what the system has seen (DESIGN.md, "Polici
 A LightGBM regressor on log1p(remaining tokens). Features: prompt length, step index,
 tokens and tool calls so far, the last tool's name, status and output size, the last
 three output lengths, errors so far, the finished siblings of the GRPO group (count,
-mean, max), and the prompt's record in an earlier iteration (mean and P90 of its
-trajectories' lengths). Hashed n-grams of text are not used: the traces Heddle
+mean, max), the prompt's record in an earlier iteration (mean and P90 of its
+trajectories' lengths), and, for a step in progress shown to a review, the tokens its
+turn has made so far. Hashed n-grams of text are not used: the traces Heddle
 generates carry no text (a trace with `text` would add them here).
 
 Its forecast is an expected count: the exp of a fit on the log is near the median,
@@ -28,7 +29,7 @@ import lightgbm
 import numpy as np
 
 from heddle.types import TrajectorySpec
-from scheduler.interface import StepEvent
+from scheduler.interface import REVIEW_MIN_TOKENS, StepEvent
 from scheduler.libra import prompt_key
 
 TOOLS = ("python", "search", "calculator")
@@ -37,6 +38,7 @@ FEATURES = (
     "prompt_tokens", "step_index", "generated", "tool_calls", "last_tool", "last_status",
     "last_tool_output", "recent_1", "recent_2", "recent_3", "mean_output", "errors",
     "siblings_finished", "siblings_mean", "siblings_max", "prior_mean", "prior_p90",
+    "step_made",
 )  # fmt: skip
 PARAMS = {
     "objective": "regression",
@@ -55,6 +57,11 @@ NUM_ROUNDS = 200
 # not see it (in-sample residuals are narrower than a new iteration's).
 STEP_BUCKETS = 4
 SMEAR_FOLDS = 2
+# Training also describes each turn in progress at these many tokens made (from the
+# review's threshold, doubling): a review re-predicts a long decode mid-turn, and rows
+# only at step boundaries never show the model a turn that has already run long (a
+# 15K-token first turn kept its prompt-only forecast and its narrow instance).
+MID_STEP_FIRST = REVIEW_MIN_TOKENS
 
 
 @dataclass
@@ -94,6 +101,7 @@ def _row(
     errors: int,
     siblings: Sequence[int],
     prior: tuple[float, float] | None,
+    step_made: int = 0,
 ) -> list[float]:
     nan = math.nan
     r = list(recent)[-3:][::-1] + [nan] * 3
@@ -105,20 +113,22 @@ def _row(
         generated / step_index if step_index else nan, errors,
         len(siblings), statistics.fmean(siblings) if siblings else nan,
         max(siblings) if siblings else nan,
-        prior[0] if prior else nan, prior[1] if prior else nan,
+        prior[0] if prior else nan, prior[1] if prior else nan, step_made,
     ]  # fmt: skip
 
 
 def training_rows(
-    specs: Sequence[TrajectorySpec],
+    specs: Sequence[TrajectorySpec], *, mid_step: bool = False
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """One row per (trajectory, step) of a finished trace, with log1p(remaining).
 
     Finished siblings at a point are taken to be those shorter than what the trajectory
     has generated so far (shorter trajectories finish first); the prompt record is the
     leave-one-out mean and P90 of the group (another sample of the same prompt, as the
-    earlier iteration is at prediction time). Returns rows, targets and, per row, the
-    (trajectory index, step index) it describes.
+    earlier iteration is at prediction time). With `mid_step`, each turn long enough is
+    also described in progress, at `MID_STEP_FIRST` tokens made and each doubling, as a
+    review shows it. Returns rows, targets and, per row, the (trajectory index, step
+    index) it describes (step boundaries only without `mid_step`: what `evaluate` scores).
     """
     groups: dict[str, list[int]] = defaultdict(list)
     for s in specs:
@@ -135,18 +145,25 @@ def training_rows(
         recent: list[int] = []
         last = None
         for k, step in enumerate(spec.steps):
-            siblings = [g for g in group if g <= generated] if generated else []
-            rows.append(
-                _row(
-                    prompt_tokens=spec.prompt_tokens, step_index=k, generated=generated,
-                    tool_calls=tool_calls, last_tool=last.tool if last else None,
-                    last_status=last.tool_status if last else None,
-                    last_tool_output=last.tool_output_tokens if last else 0, recent=recent,
-                    errors=errors, siblings=siblings, prior=prior,
-                )
-            )  # fmt: skip
-            targets.append(math.log1p(total - generated))
-            where.append((t_index, k))
+            made = 0
+            while True:
+                so_far = generated + made
+                rows.append(
+                    _row(
+                        prompt_tokens=spec.prompt_tokens, step_index=k, generated=so_far,
+                        tool_calls=tool_calls, last_tool=last.tool if last else None,
+                        last_status=last.tool_status if last else None,
+                        last_tool_output=last.tool_output_tokens if last else 0,
+                        recent=recent, errors=errors,
+                        siblings=[g for g in group if g <= so_far] if so_far else [],
+                        prior=prior, step_made=made,
+                    )
+                )  # fmt: skip
+                targets.append(math.log1p(total - so_far))
+                where.append((t_index, k))
+                made = made * 2 if made else MID_STEP_FIRST
+                if not mid_step or made >= step.output_tokens:
+                    break
             generated += step.output_tokens
             recent.append(step.output_tokens)
             if step.tool is not None:
@@ -172,7 +189,7 @@ class RemainingPredictor:
         drives LightGBM's feature sampling: the fit is deterministic for each."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
-        x, y, where = training_rows(history)
+        x, y, where = training_rows(history, mid_step=True)
         params = PARAMS | {"seed": seed}
 
         def fit(rows: np.ndarray) -> lightgbm.Booster:
@@ -187,7 +204,7 @@ class RemainingPredictor:
                 return cls(fit(np.ones_like(held)), GroupMemory.from_history(history))
             out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
         ratio = np.exp(y - out_of_fold)
-        bucket = _bucket(x)
+        bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
         return cls(fit(np.ones_like(fold, dtype=bool)), GroupMemory.from_history(history), smear)
@@ -207,6 +224,7 @@ class RemainingPredictor:
             errors=sum(1 for state in event.tool_path if not state.endswith(":ok")),
             siblings=self.memory.finished.get(event.group_id, []),
             prior=self.memory.prior.get(prompt_key(event.group_id)),
+            step_made=event.step_tokens,
         )
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:

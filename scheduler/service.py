@@ -315,7 +315,7 @@ class SchedulerService:
                 context_tokens=request.context_tokens + made,
                 generated_tokens=request.generated_tokens + made,
             )
-            event = step_event(moved, here)
+            event = replace(step_event(moved, here), step_tokens=made)
             shown.setdefault(key, []).append((event, instance_id))
         moves = []
         for key, items in shown.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import lightgbm
 import numpy as np
 import pytest
 
@@ -15,7 +16,15 @@ from heddle.workloads import generate
 from scheduler.heddle import HeddlePlacement, HeddlePlanner
 from scheduler.interface import InstanceState, PolicyContext, StepEvent
 from scheduler.placement_dp import InstanceModel, brute_force, solve
-from scheduler.predictor import RemainingPredictor, evaluate, training_rows
+from scheduler.predictor import (
+    FEATURES,
+    NUM_ROUNDS,
+    PARAMS,
+    RemainingPredictor,
+    evaluate,
+    pearson,
+    training_rows,
+)
 from scheduler.registry import create_policy
 from scheduler.resources import SplitPlanner
 
@@ -137,6 +146,27 @@ def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
         assert bias_expected < bias_median, k
 
 
+def test_a_turn_in_progress_is_forecast_from_what_it_has_made() -> None:
+    """A review re-predicts a long decode mid-turn. Trained on turns in progress too
+    (at 2,048 tokens made and each doubling), the model ranks them better than one fit
+    on step boundaries only, which never saw a turn that had already run long."""
+    history = [r.spec for r in generate("math", prompts=100, seed=0, iteration=0)]
+    test = [r.spec for r in generate("math", prompts=100, seed=0, iteration=1)]
+    predictor = RemainingPredictor.train(history)
+    x, y, _ = training_rows(history)
+    boundary_only = lightgbm.train(PARAMS, lightgbm.Dataset(x, y), num_boost_round=NUM_ROUNDS)
+    xt, yt, _ = training_rows(test, mid_step=True)
+    in_turn = xt[:, FEATURES.index("step_made")] > 0
+    assert in_turn.sum() > 200
+    assert len(training_rows(test)[1]) == (~in_turn).sum()  # `evaluate` sees boundaries
+    r_with = pearson(np.log(predictor.predict_rows(xt[in_turn])), yt[in_turn])
+    r_without = pearson(boundary_only.predict(xt[in_turn]), yt[in_turn])
+    assert r_with > r_without + 0.03
+    # Live and simulated reviews carry the turn's tokens in the event.
+    event = StepEvent("t", "g", 0, 4_196, 4_096, prompt_tokens=100, step_tokens=4_096)
+    assert predictor.event_row(event)[FEATURES.index("step_made")] == 4_096
+
+
 def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
     return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
                      prompt_tokens=100)  # fmt: skip
@@ -195,7 +225,9 @@ def test_a_live_decide_request_carries_everything_the_simulator_shows_a_policy()
     from scheduler.service import step_event
 
     request_fields = {f.name for f in fields(DecideRequest)}
-    assert {f.name for f in fields(StepEvent)} <= request_fields
+    # A decide request is a step boundary; the tokens of a turn in progress come from the
+    # engine host's review (`SchedulerService.review` sets `step_tokens`).
+    assert {f.name for f in fields(StepEvent)} - {"step_tokens"} <= request_fields
     request = DecideRequest("t", "g", 2, 900, 700, "libra", 100, 2, "python", "error", 40,
                             ["python:s:ok", "python:m:error"], [300, 400])  # fmt: skip
     event = step_event(request, "i3")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from engines.costmodel import CostModel
 from heddle.sim.simulator import Simulator
 from heddle.types import Decision, StepSpec, TrajectorySpec
 from scheduler.heddle import HeddlePlacement, HeddlePlanner
@@ -173,6 +174,46 @@ def test_a_long_decode_moves_mid_step_and_resumes_from_its_tokens() -> None:
     assert [row[6] for row in sim.step_log if row[0] == "long"] == ["c"]
     # TP-2 decodes faster than TP-1 for most of the step.
     assert moved.makespan_s < stay.makespan_s
+
+
+class _Watch(LeastLoaded):
+    """Test reviewer: every step on "a"; records what each review shows, and whether the
+    shown step was running or preempted (back in the queue) at that moment."""
+
+    def __init__(self) -> None:
+        self.sim: Simulator | None = None
+        self.shown: list[tuple[StepEvent, bool]] = []
+
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        return Decision("a", reason="fixed")
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        assert self.sim is not None
+        core = self.sim.instances["a"].core
+        waiting = {r.prefix_key for r in core.waiting}
+        self.shown += [(e, e.trajectory_id in waiting) for e in events]
+        return {}
+
+
+def test_a_preempted_decode_is_still_shown_to_the_review() -> None:
+    """vLLM's token stream shows a preempted request's tokens to the live engine host,
+    so the simulator's review shows it too, with the tokens its turn made: a long decode
+    that is starved on a full instance is the one a policy most wants to move."""
+    kv = CostModel.for_names("qwen3-8b", "h100", 1).kv_capacity_tokens
+    n = 6  # each context fills 1/6 of the cache less 3,000 tokens: full after ~3,000 made
+    trace = [TrajectorySpec(f"t{k}", "g", kv // n - 3_000, (StepSpec(12_000),))
+             for k in range(n)]  # fmt: skip
+    watch = _Watch()
+    sim = Simulator(trace=trace, policy=Policy("w", FirstComeFirstServed(), watch, _Fixed()),
+                    **CLUSTER)  # fmt: skip
+    watch.sim = sim
+    sim.run()
+    preempted = [e for e, queued in watch.shown if queued]
+    assert preempted, "a decode preempted after 2,048 tokens was never shown"
+    assert all(e.step_tokens >= 2048 for e, _ in watch.shown)
+    assert all(e.step_tokens == e.generated_tokens for e, _ in watch.shown)  # one turn each
 
 
 class _EmptyA(LeastLoaded):

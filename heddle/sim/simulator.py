@@ -213,6 +213,7 @@ class Simulator:
             last_tool_output_tokens=step.tool_output_tokens if step else 0,
             tool_path=tuple(traj.tool_path),
             recent_output_tokens=tuple(traj.recent),
+            step_tokens=made,
         )
 
     def _arrive(self, tid: str) -> None:
@@ -377,10 +378,10 @@ class Simulator:
             # An instance being emptied shows every step, queued ones included.
             everything = inst.spec.instance_id in emptying
             requests = [(r, not r.is_prefilling) for r in inst.core.running]
-            if everything:
-                requests += [(r, False) for r in inst.core.waiting]
+            # A preempted decode is a step in progress too (vLLM's stream shows its tokens).
+            requests += [(r, False) for r in inst.core.waiting if everything or r.num_output_tokens]
             for request, decoding in requests:
-                if not (decoding or everything):
+                if not (decoding or everything or request.num_output_tokens):
                     continue
                 tid = request.prefix_key
                 traj = self.trajectories[tid]
