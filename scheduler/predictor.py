@@ -12,7 +12,7 @@ generates carry no text (a trace with `text` would add them here).
 Its forecast is an expected count: the exp of a fit on the log is near the median,
 which falls short of the mean most where the spread is widest, at the first step. Each
 step index gets Duan's smearing factor, mean exp(residual), from out-of-fold residuals
-(about 1.7 at step 0 against 1.3 from step 3 on coding). The DP sums work and KV, and
+(about 1.6 at step 0 against 1.3 from step 3 on coding). The DP sums work and KV, and
 a queue orders first steps against later ones: both need the mean.
 """
 
@@ -204,6 +204,7 @@ class RemainingPredictor:
                 return cls(fit(np.ones_like(held)), GroupMemory.from_history(history))
             out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
         ratio = np.exp(y - out_of_fold)
+        # Fit on step boundaries; a turn in progress takes its step's factor.
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
