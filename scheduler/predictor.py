@@ -197,18 +197,19 @@ class RemainingPredictor:
             return lightgbm.train(params, data, num_boost_round=num_rounds)
 
         fold = np.asarray([t for t, _ in where]) % SMEAR_FOLDS
+        every = np.ones(len(y), dtype=bool)
         out_of_fold = np.empty_like(y)
         for k in range(SMEAR_FOLDS):
             held = fold == k
             if held.all():  # one trajectory: nothing to fit the others on
-                return cls(fit(np.ones_like(held)), GroupMemory.from_history(history))
+                return cls(fit(every), GroupMemory.from_history(history))
             out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
         ratio = np.exp(y - out_of_fold)
         # Fit on step boundaries; a turn in progress takes its step's factor.
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
-        return cls(fit(np.ones_like(fold, dtype=bool)), GroupMemory.from_history(history), smear)
+        return cls(fit(every), GroupMemory.from_history(history), smear)
 
     def event_row(self, event: StepEvent) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
