@@ -78,7 +78,7 @@ def predictor_report(workload: str, prompts: int) -> None:
                   f"{r_rem:13.3f} {int(m['n']):6}")  # fmt: skip
     # The forecast is the mean (smeared), not the median exp(log fit): per step, the sum
     # of each forecast over the sum of the true remaining (1.00 is unbiased).
-    median = np.expm1(predictor.booster.predict(x, num_threads=1)).clip(min=1.0)
+    median = predictor.median_rows(x)
     expected = np.asarray(estimates["lightgbm"])
     step = np.asarray([k for _, k in where])
     true = np.asarray([test[t].generated_tokens - m for (t, _), m in zip(where, made, strict=True)])

@@ -229,6 +229,10 @@ class RemainingPredictor:
             step_made=event.step_tokens,
         )
 
+    def median_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The fit's own forecast, before smearing: near the median remaining tokens."""
+        return np.expm1(self.booster.predict(rows, num_threads=1)).clip(min=1.0)
+
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         """Expected remaining generated tokens for each row."""
         median = np.exp(self.booster.predict(rows, num_threads=1))
