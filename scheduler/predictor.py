@@ -14,6 +14,11 @@ which falls short of the mean most where the spread is widest, at the first step
 step index gets Duan's smearing factor, mean exp(residual), from out-of-fold residuals
 (about 1.6 at step 0 against 1.3 from step 3 on coding). The DP sums work and KV, and
 a queue orders first steps against later ones: both need the mean.
+
+A forecast never runs past the longest trajectory of the history: smearing a near-cap
+median (a prompt whose samples mostly hit the generation cap) had forecast 55,000
+tokens where 40,000 is the most any trajectory may make, and the DP sized the widest
+groups for a head that long.
 """
 
 from __future__ import annotations
@@ -175,11 +180,17 @@ def training_rows(
 
 class RemainingPredictor:
     def __init__(
-        self, booster: lightgbm.Booster, memory: GroupMemory, smear: Sequence[float] = ()
+        self,
+        booster: lightgbm.Booster,
+        memory: GroupMemory,
+        smear: Sequence[float] = (),
+        longest: float = math.inf,
     ) -> None:
         self.booster = booster
         self.memory = memory
         self.smear = np.asarray(smear or [1.0] * STEP_BUCKETS, dtype=np.float64)
+        # The most generated tokens of any history trajectory: a total no forecast passes.
+        self.longest = longest
 
     @classmethod
     def train(
@@ -189,6 +200,7 @@ class RemainingPredictor:
         drives LightGBM's feature sampling: the fit is deterministic for each."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
+        longest = float(max(s.generated_tokens for s in history))
         x, y, where = training_rows(history, mid_step=True)
         params = PARAMS | {"seed": seed}
 
@@ -202,14 +214,14 @@ class RemainingPredictor:
         for k in range(SMEAR_FOLDS):
             held = fold == k
             if held.all():  # one trajectory: nothing to fit the others on
-                return cls(fit(every), GroupMemory.from_history(history))
+                return cls(fit(every), GroupMemory.from_history(history), longest=longest)
             out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
         ratio = np.exp(y - out_of_fold)
         # Fit on step boundaries; a turn in progress takes its step's factor.
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
-        return cls(fit(every), GroupMemory.from_history(history), smear)
+        return cls(fit(every), GroupMemory.from_history(history), smear, longest)
 
     def event_row(self, event: StepEvent) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
@@ -234,9 +246,13 @@ class RemainingPredictor:
         return np.expm1(self.booster.predict(rows, num_threads=1)).clip(min=1.0)
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Expected remaining generated tokens for each row."""
+        """Expected remaining generated tokens for each row, up to what is left of the
+        history's longest total; a trajectory already past it keeps the fit's forecast
+        (the cap it was generated under is unknown, not reached)."""
         median = np.exp(self.booster.predict(rows, num_threads=1))
-        return (median * self.smear[_bucket(rows)] - 1.0).clip(min=1.0)
+        expected = median * self.smear[_bucket(rows)] - 1.0
+        left = self.longest - rows[:, FEATURES.index("generated")]
+        return np.where(left > 0, np.minimum(expected, left), expected).clip(min=1.0)
 
     def predict(self, event: StepEvent) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])

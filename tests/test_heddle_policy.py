@@ -146,6 +146,27 @@ def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
         assert bias_expected < bias_median, k
 
 
+def test_no_forecast_runs_past_the_longest_history_trajectory() -> None:
+    """Coding prompts whose samples mostly hit the 40,000-token cap: smeared, their
+    median would forecast more than any trajectory may make. Capped at what is left of
+    the history's longest total; a trajectory past it keeps the fit's own forecast."""
+    history = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=0)]
+    test = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=1)]
+    predictor = RemainingPredictor.train(history)
+    longest = max(s.generated_tokens for s in history)
+    assert predictor.longest == longest
+    x, _, _ = training_rows(test, mid_step=True)
+    made = x[:, FEATURES.index("generated")]
+    expected = predictor.predict_rows(x)
+    bucket = np.minimum(x[:, FEATURES.index("step_index")], len(predictor.smear) - 1)
+    uncapped = (predictor.median_rows(x) + 1.0) * predictor.smear[bucket.astype(int)] - 1.0
+    assert (uncapped > longest - made).sum() > 50  # the cap is not idle here
+    assert (made + expected <= longest + 1e-6).all()
+    predictor.longest = 1_000.0  # every trajectory past it: the fit's forecast stands
+    past = made > 1_000
+    assert np.allclose(predictor.predict_rows(x[past]), uncapped[past].clip(min=1.0))
+
+
 def test_a_turn_in_progress_is_forecast_from_what_it_has_made() -> None:
     """A review re-predicts a long decode mid-turn. Trained on turns in progress too
     (at 2,048 tokens made and each doubling), the model ranks them better than one fit
