@@ -3,11 +3,14 @@ makespan, by TP degree, and the last trajectories to finish with where each step
 
     python benchmarks/tail_report.py [--policy heddle] [--model qwen3-14b]
                                      [--workload coding] [--seed 0] [--last 10]
+                                     [--every 25]
 
 One simulated run of the paper setting (64 H100, 400 prompts x 16 samples; iteration 1
 the trace, iteration 0 the history). A tail where few GPUs are busy, and long
 trajectories that ran early steps on narrow instances, are what the drain moves and the
-predictor are measured against (docs/notes/issue-4-heddle-policy.md).
+predictor are measured against (docs/notes/issue-4-heddle-policy.md). With `--every`,
+also each TP degree's instances, running and waiting steps, KV use and sessions at that
+interval: where queues build while wider instances have KV to spare.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ def main() -> None:
     parser.add_argument("--workload", default="coding")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last", type=int, default=10, help="trajectories to list")
+    parser.add_argument(
+        "--every", type=float, default=0.0, help="seconds between occupancy samples (0: none)"
+    )
     args = parser.parse_args()
     trace, history = (
         [r.spec for r in generate(args.workload, prompts=400, seed=args.seed, iteration=it)]
@@ -49,6 +55,7 @@ def main() -> None:
         max_num_seqs=cluster.max_num_seqs,
         max_num_batched_tokens=cluster.max_num_batched_tokens,
         gpu_memory_utilization=cluster.gpu_memory_utilization, record_steps=True,
+        sample_every_s=args.every,
     )  # fmt: skip
     result = sim.run()
     makespan = result.makespan_s
@@ -63,6 +70,13 @@ def main() -> None:
             busy[tp_of[iid]] += max(0.0, min(end, hi) - max(start, lo)) * tp_of[iid]
         by_tp = "  ".join(f"TP{tp}: {gpu_s / (hi - lo):5.1f}" for tp, gpu_s in sorted(busy.items()))
         print(f"  {lo:6.0f}-{hi:6.0f} s  {by_tp}  all: {sum(busy.values()) / (hi - lo):5.1f} / 64")
+    if sim.occupancy:
+        print("Per TP degree: instances, running, waiting, mean KV use, sessions")
+        for t in sorted({o.time_s for o in sim.occupancy}):
+            at = [o for o in sim.occupancy if o.time_s == t]
+            print(f"  {t:6.0f} s  " + "  ".join(
+                f"TP{o.tp}: n={o.num_instances} run={o.num_running} wait={o.num_waiting} "
+                f"kv={o.kv_usage:.2f} sess={o.num_sessions}" for o in at))  # fmt: skip
     assert sim.step_log is not None
     steps = defaultdict(list)
     for tid, _, _, _, first, end, instance_id in sim.step_log:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from heddle.sim import lower_bound, simulate
@@ -54,6 +56,27 @@ def test_deterministic(trace) -> None:  # type: ignore[no-untyped-def]
     runs = [simulate(trace, create_policy("verl"), **CLUSTER) for _ in range(2)]
     assert runs[0].makespan_s == runs[1].makespan_s
     assert runs[0].completion_times == runs[1].completion_times
+
+
+def test_occupancy_is_sampled_without_changing_the_run(trace) -> None:  # type: ignore[no-untyped-def]
+    """`sample_every_s` (benchmarks/tail_report.py --every) records each TP degree's
+    queues and KV over time; the run itself is the same as without it."""
+    plain = simulate(trace, create_policy("verl"), **CLUSTER)
+    sim = Simulator(trace=trace, policy=create_policy("verl"), sample_every_s=10.0, **CLUSTER)
+    result = sim.run()
+    assert result.makespan_s == plain.makespan_s
+    times = sorted({o.time_s for o in sim.occupancy})
+    assert times[0] == 0.0
+    assert times[-1] <= result.makespan_s
+    assert all(b - a == pytest.approx(10.0) for a, b in itertools.pairwise(times))
+    assert len(times) == int(result.makespan_s // 10) + 1
+    first = [o for o in sim.occupancy if o.time_s == 0.0]
+    # Every first step is placed at time 0: each trajectory is a session, running or queued.
+    assert sum(o.num_sessions for o in first) == len(trace)
+    assert sum(o.num_running + o.num_waiting for o in first) == len(trace)
+    assert sum(o.num_instances for o in first) * first[0].tp == CLUSTER["num_gpus"]
+    assert all(0.0 <= o.kv_usage <= 1.0 for o in sim.occupancy)
+    assert any(o.kv_usage > 0.0 for o in sim.occupancy)
 
 
 def test_kv_pressure_preempts_and_still_completes(trace) -> None:  # type: ignore[no-untyped-def]

@@ -39,7 +39,20 @@ from scheduler.interface import (
 )
 from scheduler.libra import tool_state
 
-ARRIVE, SUBMIT, WAKE, READY, REVIEW = 0, 1, 2, 3, 4
+ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE = 0, 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The instances of one TP degree at one moment: what `sample_every_s` records."""
+
+    time_s: float
+    tp: int
+    num_instances: int
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # mean over the instances
+    num_sessions: int
 
 
 @dataclass
@@ -98,8 +111,12 @@ class Simulator:
         max_num_batched_tokens: int = 8192,
         gpu_memory_utilization: float = 0.9,
         record_steps: bool = False,
+        sample_every_s: float = 0.0,
     ) -> None:
         self.policy = policy
+        # Per TP degree every `sample_every_s` (0: never): queues and KV over time.
+        self.sample_every_s = sample_every_s
+        self.occupancy: list[Occupancy] = []
         # (trajectory_id, step, ready_at, submitted_at, first_scheduled, finished_at, instance)
         self.step_log: list[tuple[str, int, float, float, float, float, str]] | None = (
             [] if record_steps else None
@@ -154,6 +171,8 @@ class Simulator:
         self._unfinished = len(self.trajectories)
         if self.policy.reviews:
             self._push(REVIEW_EVERY_S, REVIEW, None)
+        if self.sample_every_s > 0:
+            self._push(0.0, SAMPLE, None)
         while self._heap:
             t, _, kind, ref = heapq.heappop(self._heap)
             self.now = t
@@ -165,6 +184,8 @@ class Simulator:
                 self._ready(ref)  # type: ignore[arg-type]
             elif kind == REVIEW:
                 self._review()
+            elif kind == SAMPLE:
+                self._sample()
             else:
                 iid, version = ref  # type: ignore[misc]
                 inst = self.instances.get(iid)
@@ -174,6 +195,23 @@ class Simulator:
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished trajectories")
         return self._result(time.perf_counter() - started)
+
+    def _sample(self) -> None:
+        if not self._unfinished:
+            return  # pushed before the last trajectory finished: the batch is over
+        by_tp: dict[int, list[_Instance]] = {}
+        for inst in self.instances.values():
+            by_tp.setdefault(inst.spec.tp, []).append(inst)
+        for tp, group in sorted(by_tp.items()):
+            self.occupancy.append(
+                Occupancy(
+                    self.now, tp, len(group), sum(len(i.core.running) for i in group),
+                    sum(len(i.core.waiting) for i in group),
+                    sum(i.core.kv_usage for i in group) / len(group),
+                    sum(i.sessions for i in group),
+                )
+            )  # fmt: skip
+        self._push(self.now + self.sample_every_s, SAMPLE, None)
 
     def _states(self) -> list[InstanceState]:
         """What policies see of the instances; entries are refreshed as counts change, so
