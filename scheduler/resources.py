@@ -4,8 +4,8 @@
 The GPU budget is split into instances with TP degrees from `tp_choices`; lengths sorted
 longest first map to instances sorted widest first, so the long tail runs on wide,
 low-latency instances and the many short trajectories on narrow, high-throughput ones.
-The search is simulated annealing from a sort-based start, each candidate costed by the
-presorted DP; moves split an instance in two or merge two equal ones; Metropolis
+The search is simulated annealing from the best homogeneous split, each candidate
+costed by the presorted DP; moves split an instance in two or merge two equal ones; Metropolis
 acceptance from a temperature equal to the initial makespan, cooled geometrically. A
 hill-climb then polishes the annealing's best with moves that merge the narrowest
 instances into one wide one at once (`SplitPlanner.polish`).
@@ -93,10 +93,13 @@ class SplitPlanner:
                 )  # fmt: skip
             return cache[tps]
 
-        # Sort-based start: the narrowest degree everywhere; the DP then orders by width.
-        state = self.homogeneous(fits[0]) if self.num_gpus % fits[0] == 0 else (fits[0],)
-        best = current = state
-        temperature = cost(state).makespan_s
+        # Start from the best homogeneous split (the DP orders by width): from the
+        # narrowest everywhere, 120 steps of one split or merge each did not reach the
+        # all-TP-4 split the DP itself rated 8% better on 14B coding.
+        uniform = [self.homogeneous(tp) for tp in fits if self.num_gpus % tp == 0]
+        start = min(uniform, key=lambda tps: cost(tps).makespan_s) if uniform else (fits[0],)
+        best = current = start
+        temperature = cost(start).makespan_s
         rng = np.random.default_rng(seed)
         for _ in range(iterations):
             candidate = self._neighbour(current, fits, rng)
@@ -109,10 +112,15 @@ class SplitPlanner:
                     best = current
             temperature *= COOLING
         best = self.polish(best, fits, lambda tps: cost(tps).makespan_s)
-        final = solve(
-            lengths_desc, contexts, [models[tp] for tp in best], max_kv_share=KV_SHARE_CAP
-        )
-        return SplitPlan(best, final, len(cache))
+        # Solved exactly, the start may still win over what the coarser search preferred.
+        finals = {
+            tps: solve(
+                lengths_desc, contexts, [models[tp] for tp in tps], max_kv_share=KV_SHARE_CAP
+            )
+            for tps in {best, start}
+        }
+        best = min(finals, key=lambda tps: (finals[tps].makespan_s, tps != start))
+        return SplitPlan(best, finals[best], len(cache))
 
     @staticmethod
     def polish(
