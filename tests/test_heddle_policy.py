@@ -217,7 +217,9 @@ def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None
         )
 
     truth = [spec("long", 30_000), *(spec(f"s{i}", 100 + i) for i in range(40))]
-    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    # 12 GPUs: no homogeneous TP-8 split, so the one wide instance is unique (on 16 the
+    # planner rightly takes two TP-8s, interchangeable, and s5 need not move).
+    ctx = PolicyContext(num_gpus=12, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
     planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
     placement = HeddlePlacement(planner)
     placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
@@ -311,7 +313,8 @@ def test_a_draining_batch_moves_a_decode_to_where_it_runs_faster() -> None:
 
     truth = [TrajectorySpec(f"l{i}", "g", 100, (StepSpec(30_000),)) for i in range(3)]
     truth += [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(2_000),)) for i in range(60)]
-    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
+    # 12 GPUs: no homogeneous TP-8 split (on 16 the planner takes two TP-8s).
+    ctx = PolicyContext(num_gpus=12, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
     planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
     placement = HeddlePlacement(planner)
     placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
