@@ -2,18 +2,22 @@
 
 Trajectories sorted by predicted remaining length, longest first, are cut into
 contiguous groups, one per instance (instances ordered widest first), to minimise the
-slowest group's predicted time `max_i L(first of g_i) * t_i(|g_i|)`, where `t_i(b)` is
-instance i's per-token time at batch b: the interference of running b requests together,
-from the cost model, including the slowdown when their KV does not fit. With the
-trajectories sorted, an optimal partition is contiguous (an exchange argument), so
+slowest group's predicted time. With the trajectories sorted, an optimal partition is
+contiguous (an exchange argument), so
 
-    dp[j][i] = min_k max(dp[j-1][k], L[k] * t_j(i - k))
+    dp[j][i] = min_k max(dp[j-1][k], T_j(k, i))
 
-`dp[j-1][k]` grows with k and the group cost shrinks with k, so the best k is at their
-crossing, found by a binary search run for every i at once (numpy): O(m n log n).
-`t_j` depends on the group's size and its KV (the sum of its members' mean contexts),
-through the cost model's linear terms. Short trajectories beyond the first `exact` are
-aggregated into equal-count chunks.
+where `T_j(k, i)`, group k..i-1's time on instance j, is the longer of the longest
+member's `L[k]` iterations and the group's tokens over the batch that fits at once, at
+the iteration time of that batch: the interference of running it together, from the
+cost model's linear terms, with the batch cut to what the KV cache and the seats hold.
+(The paper's `L[k] * t_j(|g|)`, with a per-token time that grows as the group overflows
+its cache, charges every member the longest's length: it rates a big group on a wide
+instance slower than it runs, and steered the split search away from the all-TP-8 split
+that ran fastest on 14B coding.) `dp[j-1][k]` grows with k and the group time shrinks
+with k, so the best k is at their crossing, found by a binary search run for every i at
+once (numpy): O(m n log n). Short trajectories beyond the first `exact` are aggregated
+into equal-count chunks.
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ class InstanceModel:
     def of(cls, cost: CostModel, max_num_seqs: int) -> InstanceModel:
         return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
 
-    def per_token_s(self, batch: np.ndarray | float, context: np.ndarray | float) -> np.ndarray:
+    def _fitting(
+        self, batch: np.ndarray | float, context: np.ndarray | float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The batch that runs at a time (a fraction `fit` of the group: what the KV
+        cache and the seats hold), and the time of one iteration of it."""
         b = np.asarray(batch, dtype=np.float64)
         c = np.asarray(context, dtype=np.float64)
         room = self.kv_capacity_tokens / np.maximum(c, 1.0)
@@ -57,7 +65,31 @@ class InstanceModel:
         compute = eb * t.compute_per_token_s + ec * t.compute_per_attended_s
         allreduce = t.allreduce_base_s + eb * t.allreduce_per_token_s
         iteration = np.maximum(mem, compute) + allreduce + t.overhead_s
+        return fit, eb, iteration
+
+    def per_token_s(self, batch: np.ndarray | float, context: np.ndarray | float) -> np.ndarray:
+        b = np.asarray(batch, dtype=np.float64)
+        fit, _, iteration = self._fitting(b, context)
         return np.where(b > 0, iteration / fit, 0.0)
+
+    def group_time_s(
+        self,
+        longest: np.ndarray | float,
+        tokens: np.ndarray | float,
+        batch: np.ndarray | float,
+        context: np.ndarray | float,
+    ) -> np.ndarray:
+        """Predicted time of a group: `batch` trajectories, `tokens` remaining in all,
+        the longest `longest`, whose KV totals `context`. The longest takes `longest`
+        iterations; when the group does not fit at once, the instance also needs
+        `tokens` / (the fitting batch) iterations, as the short members finish and free
+        their room. (`longest` times the per-token time, the paper's cost, would charge
+        every member the longest's length and call a big group on a wide instance
+        slower than it runs.)"""
+        b = np.asarray(batch, dtype=np.float64)
+        _, eb, iteration = self._fitting(b, context)
+        waves = np.asarray(tokens, dtype=np.float64) / np.maximum(eb, 1e-9)
+        return np.where(b > 0, np.maximum(longest, waves) * iteration, 0.0)
 
 
 @dataclass(frozen=True)
@@ -71,22 +103,28 @@ class Partition:
 
 def _aggregate(
     lengths: np.ndarray, contexts: np.ndarray, exact: int, max_items: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Keep the longest `exact` as they are; chunk the rest (a chunk's length is its
-    longest member's, its weight its member count, its context its members' sum)."""
+    longest member's, its weight its member count, its tokens and its context its
+    members' sums)."""
     n = len(lengths)
     if n <= max_items:
-        return lengths, np.ones(n, dtype=np.int64), contexts
+        return lengths, np.ones(n, dtype=np.int64), lengths, contexts
     chunks = max_items - exact
     if chunks < 1:
         # No chunk would be left for the rest: they would silently drop out of the plan.
         raise ValueError(f"max_items ({max_items}) must exceed exact ({exact})")
     edges = np.unique(np.linspace(exact, n, chunks + 1).round().astype(np.int64))
-    ctx_prefix = np.concatenate([[0.0], np.cumsum(contexts)])
+
+    def chunk_sums(values: np.ndarray) -> np.ndarray:
+        prefix = np.concatenate([[0.0], np.cumsum(values)])
+        return np.concatenate([values[:exact], prefix[edges[1:]] - prefix[edges[:-1]]])
+
     return (
         np.concatenate([lengths[:exact], lengths[edges[:-1]]]),
         np.concatenate([np.ones(exact, dtype=np.int64), np.diff(edges)]),
-        np.concatenate([contexts[:exact], ctx_prefix[edges[1:]] - ctx_prefix[edges[:-1]]]),
+        chunk_sums(lengths),
+        chunk_sums(contexts),
     )
 
 
@@ -111,9 +149,12 @@ def solve(
         return Partition(tuple(0 for _ in instances), 0.0)
     if np.any(np.diff(lengths) > 0):
         raise ValueError("lengths must be sorted longest first")
-    items, weights, ctx = _aggregate(lengths, np.asarray(contexts, np.float64), exact, max_items)
+    items, weights, tokens, ctx = _aggregate(
+        lengths, np.asarray(contexts, np.float64), exact, max_items
+    )
     n = len(items)
     size_before = np.concatenate([[0], np.cumsum(weights)])  # trajectories before item k
+    tokens_before = np.concatenate([[0.0], np.cumsum(tokens)])
     ctx_before = np.concatenate([[0.0], np.cumsum(ctx)])
     head = np.concatenate([items, [0.0]])  # L[k], the longest of a group starting at k
     idx = np.arange(n + 1)
@@ -131,7 +172,8 @@ def solve(
         ) -> np.ndarray:
             size = size_before[i] - size_before[k]
             group_ctx = ctx_before[i] - ctx_before[k]
-            t = head[k] * inst.per_token_s(size, group_ctx)
+            group_tokens = tokens_before[i] - tokens_before[k]
+            t = inst.group_time_s(head[k], group_tokens, size, group_ctx)
             return np.where(group_ctx > cap, np.inf, t)
 
         lo = np.zeros(n + 1, dtype=np.int64)
@@ -184,9 +226,10 @@ def brute_force(
             if end == start:
                 c = 0.0
             else:
-                group_ctx = np.array(float(sum(contexts[start:end])))
-                per_token = float(instances[j].per_token_s(np.array(end - start), group_ctx))
-                c = lengths[start] * per_token
+                group = instances[j].group_time_s(
+                    lengths[start], sum(lengths[start:end]), end - start, sum(contexts[start:end])
+                )
+                c = float(group)
             rec(end, j + 1, max(worst, c))
 
     rec(0, 0, 0.0)

@@ -55,6 +55,26 @@ def test_dp_groups_longest_on_the_widest_and_rejects_unsorted() -> None:
         solve([1, 2], [1, 1], [_model(1)])
 
 
+def test_a_group_that_overflows_its_cache_is_timed_by_its_tokens_not_its_longest() -> None:
+    """One long trajectory among many short ones whose KV overflows a TP-1 cache: the
+    short ones finish and free their room, so the group takes its tokens over the
+    fitting batch, not the paper's longest times the overflowed per-token time (which
+    charged every member the longest's length). Alike members: the two agree."""
+    tp1 = _model(1, "qwen3-14b")
+    batch, context = 200, 2.5 * tp1.kv_capacity_tokens
+    longest, short = 30_000.0, 2_000.0
+    tokens = longest + (batch - 1) * short
+    paper = longest * float(tp1.per_token_s(batch, context))
+    grouped = float(tp1.group_time_s(longest, tokens, batch, context))
+    assert grouped < 0.5 * paper
+    fit = 1 / 2.5  # the cache holds 40% of the group at a time
+    iteration = float(tp1.per_token_s(batch * fit, context * fit))
+    assert grouped == pytest.approx(max(longest, tokens / (batch * fit)) * iteration)
+    alike = float(tp1.group_time_s(longest, longest * batch, batch, context))
+    assert alike == pytest.approx(paper)
+    assert float(tp1.group_time_s(0.0, 0.0, 0, 0.0)) == 0.0
+
+
 def test_an_aggregated_dp_plans_every_trajectory() -> None:
     lengths = list(range(1_000, 0, -1))
     part = solve(lengths, [100.0] * 1_000, [_model(8), _model(1)], exact=96, max_items=256)
@@ -239,6 +259,42 @@ def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None
     assert moved.instance_id == wide
     assert moved.migrate
     assert moved.reason == "rank_moved"
+
+
+def test_the_split_is_planned_on_the_history_spread_not_the_first_forecasts() -> None:
+    """Before the first step the forecasts regress to the mean; the split is planned on
+    the history's lengths spread over the batch, so it sees the tail the batch will
+    have. The placement still solves on the forecasts; the oracle plans on the truth."""
+    history = [r.spec for r in generate("math", prompts=40, seed=0, iteration=0)]
+    trace = [r.spec for r in generate("math", prompts=40, seed=0, iteration=1)]
+    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), history=tuple(history))
+    planner = HeddlePlanner(ctx, predictor=RemainingPredictor.train(history))
+    events = [StepEvent(s.trajectory_id, s.group_id, 0, s.prompt_tokens, 0,
+                        prompt_tokens=s.prompt_tokens) for s in trace]  # fmt: skip
+    for e in events:
+        planner.update(e)
+    lengths, contexts = planner._forecast()
+    spread, spread_ctx = planner._split_forecast(events, lengths, contexts)
+    totals = sorted((s.generated_tokens for s in history), reverse=True)
+    assert len(spread) == len(trace)
+    assert spread[0] == totals[0]
+    assert spread[-1] == totals[-1]
+    assert spread == sorted(spread, reverse=True)
+    assert max(lengths) < 0.8 * totals[0]  # the first forecasts hide the tail
+    assert spread_ctx[0] > spread_ctx[-1]
+    placement = HeddlePlacement(planner)
+    placement.on_batch_start(events)
+    split = SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8)).plan(spread, spread_ctx)
+    assert planner.tps == split.tps
+    assert (
+        split.tps != SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8)).plan(lengths, contexts).tps
+    )
+    assert sum(planner.sizes) == len(trace)
+    oracle = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in trace})
+    for e in events:
+        oracle.update(e)
+    truth, truth_ctx = oracle._forecast()
+    assert oracle._split_forecast(events, truth, truth_ctx) == (truth, truth_ctx)
 
 
 def test_live_rollouts_take_every_registered_policy_and_refuse_others() -> None:
