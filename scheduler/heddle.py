@@ -203,7 +203,7 @@ class HeddlePlanner:
         history = self.ctx.history
         if self.truth or not history or not lengths:
             return lengths, contexts
-        totals = np.sort([s.generated_tokens for s in history]).astype(np.float64)
+        totals = np.asarray([s.generated_tokens for s in history], dtype=np.float64)
         spread = np.quantile(totals, np.linspace(1.0, 0.0, len(lengths)))
         now = float(np.mean([e.context_tokens for e in events]))
         return [float(v) for v in spread], [now + v * self.context_growth / 2 for v in spread]
