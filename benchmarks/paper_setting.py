@@ -2,8 +2,8 @@
 search and math; 400 prompts x 16 samples; every registered policy on the same traces,
 over several seeds (one trace per seed and setting).
 
-    python benchmarks/paper_setting.py [--seeds 3] [--jobs 2] [--prompts 400]
-                                       [--model M] [--policy P] [--out benchmarks/results]
+    python benchmarks/paper_setting.py [--seeds 3] [--jobs 2] [--prompts 400] [--model M]
+                                       [--workload W] [--policy P] [--out benchmarks/results]
 
 Prints, per (model, workload), each policy's throughput ratio to verl and makespan over
 the lower bound, as the mean over seeds with the lowest and highest; writes
@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="settings simulated at once")
     parser.add_argument("--policy", action="append", help="default: every registered policy")
     parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: all")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="default: all")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     policies = args.policy or [BASELINE] + [p for p in policy_names() if p != BASELINE]
@@ -123,7 +124,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown policies {unknown}; valid: {policy_names()}")
     models = [m for m in MODELS if not args.model or m in args.model]
-    cells_to_run = [(m, w, s) for m in models for w in WORKLOADS for s in range(args.seeds)]
+    workloads = [w for w in WORKLOADS if not args.workload or w in args.workload]
+    cells_to_run = [(m, w, s) for m in models for w in workloads for s in range(args.seeds)]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells: dict[str, dict[str, Any]] = {}
@@ -150,7 +152,7 @@ def main() -> None:
         "",
     ]
     for m in models:
-        for w in WORKLOADS:
+        for w in workloads:
             table = summary_table(cells, m, w)
             lines += table
             print("\n".join(table), flush=True)
