@@ -284,11 +284,10 @@ def test_the_split_is_planned_on_the_history_spread_not_the_first_forecasts() ->
     assert spread_ctx[0] > spread_ctx[-1]
     placement = HeddlePlacement(planner)
     placement.on_batch_start(events)
-    split = SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8)).plan(spread, spread_ctx)
+    splitter = SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8))
+    split = splitter.plan(spread, spread_ctx)
     assert planner.tps == split.tps
-    assert (
-        split.tps != SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8)).plan(lengths, contexts).tps
-    )
+    assert split.tps != splitter.plan(lengths, contexts).tps
     assert sum(planner.sizes) == len(trace)
     oracle = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in trace})
     for e in events:
