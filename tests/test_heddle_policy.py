@@ -390,3 +390,37 @@ def test_a_draining_batch_moves_a_decode_to_where_it_runs_faster() -> None:
     assert moves["s7"].reason == "drain_faster"
     assert moves["s7"].migrate
     assert moves["s7"].instance_id != narrow
+
+
+def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> None:
+    """Where the batch's memory reads take far less than its longest trajectory alone,
+    the DP's first groups run on instances of their own (nothing else is balanced onto
+    them); where the reads dominate, every instance of a width takes any rank."""
+    from heddle.types import StepSpec, TrajectorySpec
+
+    def spec(tid: str, tokens: int) -> TrajectorySpec:
+        return TrajectorySpec(tid, "g", 100, (StepSpec(tokens),))
+
+    def planned(truth: list[TrajectorySpec]) -> tuple[HeddlePlanner, HeddlePlacement]:
+        ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
+        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+        placement = HeddlePlacement(planner)
+        placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+        return planner, placement
+
+    spare = [spec("long", 30_000), *(spec(f"s{i}", 200 + i) for i in range(300))]
+    planner, placement = planned(spare)
+    first = planner.instance_ids[0]
+    assert first in planner.pinned
+    assert len(planner.pinned) < len(planner.instance_ids)  # the rest stays open
+    states = [InstanceState(i, 0, 0, 8) for i in planner.instance_ids]
+    assert placement.place(_event("long", 0, 0, None), states, 0.0).instance_id == first
+    # The long one's booked work makes `first` the busiest TP-8; balancing alone would
+    # still have sent shorts there once the others filled. Pinned, it takes none.
+    for i in range(300):
+        decision = placement.place(_event(f"s{i}", 0, 0, None), states, 0.0)
+        assert decision.instance_id != first
+
+    busy = [spec(f"m{i}", 8_000 + i) for i in range(3_000)]
+    planner, _ = planned(busy)
+    assert planner.pinned == frozenset()

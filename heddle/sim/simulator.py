@@ -187,6 +187,8 @@ class Simulator:
             elif kind == SAMPLE:
                 self._sample()
             else:
+                iid: str
+                version: int
                 iid, version = ref  # type: ignore[misc]
                 inst = self.instances.get(iid)
                 if inst is not None and version == inst.version:
