@@ -84,9 +84,13 @@ def lower_bound(
     generated tokens over the cluster's peak decode throughput (optimistic: at the
     smallest prompt as context, so the bound stays a bound), and (c) the memory reads
     no schedule avoids, spread over every GPU: each decode token reads its whole
-    context's KV, and each iteration (at most `max_num_seqs` tokens) the weights. An
-    iteration takes at least its memory time on any TP degree (a TP-t instance has t
-    times the bandwidth and t GPUs), so (c) holds for every split."""
+    context's KV, and each iteration the weights. An iteration takes at least its
+    memory time on any TP degree (a TP-t instance has t times the bandwidth and t
+    GPUs), so (c) holds for every split. The iterations are at least the tokens over
+    `max_num_seqs`, and, since an iteration reads at most its instance's KV cache, at
+    least the KV read over the cache: on TP t each costs at least the weights and t
+    times its all-reduce latency and overhead in GPU time per `kv_capacity_tokens` of
+    KV read, and the cheapest degree per KV token bounds any mix of them."""
     costs = [
         CostModel.for_names(model, gpu, tp, gpu_memory_utilization)
         for tp in tp_choices
@@ -104,9 +108,14 @@ def lower_bound(
     # GPU-seconds per weight read and per KV token read, at one GPU's bandwidth.
     terms = CostModel.for_names(model, gpu, 1, gpu_memory_utilization).terms
     attended = sum(_attended_tokens(s) for s in specs)
-    reads = (
-        tokens / max_num_seqs * terms.mem_base_s + attended * terms.mem_per_kv_token_s
-    ) / num_gpus
+    per_iteration = min(
+        c.tp
+        * (c.terms.mem_base_s + c.terms.allreduce_base_s + c.terms.overhead_s)
+        / c.kv_capacity_tokens
+        for c in costs
+    )
+    iterations_s = max(tokens / max_num_seqs * terms.mem_base_s, attended * per_iteration)
+    reads = (iterations_s + attended * terms.mem_per_kv_token_s) / num_gpus
     return {
         "lower_bound_s": max(longest, work, reads),
         "longest_alone_s": longest,
