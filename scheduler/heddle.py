@@ -539,11 +539,9 @@ class HeddlePlacement:
             return target
         by_id = {s.instance_id: s for s in instances}
         width = by_id[target].tp
-        open_ = [s for s in instances if s.instance_id not in planner.vacating
-                 and s.instance_id not in pinned]  # fmt: skip
-        taking = [s.instance_id for s in open_ if s.tp == width] or [s.instance_id for s in open_]
-        if not taking:
-            return target
+        closed = pinned | set(planner.vacating)
+        taking = [s.instance_id for s in instances
+                  if s.tp == width and s.instance_id not in closed]  # fmt: skip
         best = min(taking, key=lambda i: (planner.work_on(i, excluding=tid), i != prev))
         if (
             prev in by_id
