@@ -22,7 +22,7 @@ from paper_setting import MODELS  # this folder's sibling script: the models and
 
 from engines.costmodel import CostModel
 from heddle.config import ClusterConfig
-from heddle.sim.metrics import trajectory_alone_s
+from heddle.sim.bound import trajectory_alone_s
 from heddle.sim.simulator import Simulator
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext

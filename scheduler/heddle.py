@@ -24,7 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from engines.costmodel import CostModel
-from heddle.sim.metrics import lower_bound
+from heddle.sim.bound import allowed_costs, longest_alone_s, memory_reads_s
 from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, Reshape, StepEvent
 from scheduler.placement import least_loaded
@@ -195,11 +195,11 @@ class HeddlePlanner:
         history = ctx.history or tuple(self.truth.values())
         if not history:
             return frozenset()
-        bound = lower_bound(
-            history, model=ctx.model, gpu=ctx.gpu, num_gpus=ctx.num_gpus,
-            tp_choices=ctx.tp_choices, max_num_seqs=ctx.max_num_seqs,
-            gpu_memory_utilization=ctx.gpu_memory_utilization,
-        )  # fmt: skip
+        costs = allowed_costs(
+            ctx.model, ctx.gpu, ctx.num_gpus, ctx.tp_choices, ctx.gpu_memory_utilization
+        )
+        reads = memory_reads_s(history, costs, num_gpus=ctx.num_gpus, max_num_seqs=ctx.max_num_seqs)
+        longest = longest_alone_s(history, costs)
         pinned: set[str] = set()
         start, gpus = 0, 0
         for iid, tp, size in zip(self.instance_ids, self.tps, self.sizes, strict=True):
@@ -207,10 +207,7 @@ class HeddlePlanner:
             fits = 0 < size <= model.max_num_seqs and (
                 sum(contexts[start : start + size]) <= model.kv_capacity_tokens
             )
-            spare = rest > 0 and (
-                bound["memory_reads_s"] * ctx.num_gpus / rest
-                <= PIN_SLACK * bound["longest_alone_s"]
-            )
+            spare = rest > 0 and (reads * ctx.num_gpus / rest <= PIN_SLACK * longest)
             if not (fits and spare):
                 break
             pinned.add(iid)

@@ -116,22 +116,9 @@ def test_sticky_policies_keep_a_trajectory_on_its_instance(trace) -> None:  # ty
         assert all(len(h) == 1 for h in homes.values()), name
 
 
-def test_the_bound_counts_the_iterations_a_full_kv_cache_forces() -> None:
-    """With long contexts an iteration carries as many sequences as the cache holds, not
-    `max_num_seqs`: the bound charges the weights and fixed costs per cache-full of KV
-    read, rises above the seats-only count, and stays below what every policy runs."""
-    from engines.costmodel import CostModel
-    from heddle.sim.metrics import _attended_tokens
-    from heddle.types import StepSpec, TrajectorySpec
-
-    specs = [TrajectorySpec(f"t{i}", f"g{i % 8}", 2_000, (StepSpec(20_000),)) for i in range(64)]
-    cluster = {"model": "qwen3-32b", "gpu": "h100", "num_gpus": 8}
-    bound = lower_bound(specs, tp_choices=(2, 4, 8), max_num_seqs=256, **cluster)
-    one_gpu = CostModel.for_names("qwen3-32b", "h100", 1).terms
-    attended = sum(_attended_tokens(s) for s in specs)
-    tokens = sum(s.generated_tokens for s in specs)
-    seats_only = (tokens / 256 * one_gpu.mem_base_s + attended * one_gpu.mem_per_kv_token_s) / 8
-    assert bound["memory_reads_s"] > 1.1 * seats_only
-    for name in ("verl", "autellix"):
-        result = simulate(specs, create_policy(name, PolicyContext(default_tp=8)), **cluster)
-        assert result.makespan_s >= bound["lower_bound_s"]
+def test_a_split_for_another_cluster_is_refused(trace) -> None:  # type: ignore[no-untyped-def]
+    """A planning policy splits the GPUs its context names; the simulator checks them
+    against its own cluster instead of running instances on GPUs it does not have."""
+    policy = create_policy("heddle-oracle", PolicyContext(num_gpus=8, truth=tuple(trace)))
+    with pytest.raises(ValueError, match=r"split the cluster into 8 GPUs.*it has 4"):
+        Simulator(trace=trace, policy=policy, model="qwen3-8b", gpu="h100", num_gpus=4)

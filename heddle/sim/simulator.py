@@ -130,9 +130,15 @@ class Simulator:
         policy.on_batch_start([self._event(t) for t in self.trajectories.values()])
         self._engine_shape = (model, gpu, max_num_seqs, max_num_batched_tokens,
                               gpu_memory_utilization)  # fmt: skip
+        split = policy.split.instances(num_gpus)
+        if sum(ispec.tp for ispec in split) > num_gpus:
+            raise ValueError(
+                f"policy {policy.name!r} split the cluster into "
+                f"{sum(ispec.tp for ispec in split)} GPUs of instances, but it has {num_gpus}: "
+                "was its PolicyContext made for another cluster?"
+            )
         self.instances: dict[str, _Instance] = {
-            ispec.instance_id: self._new_instance(ispec)
-            for ispec in policy.split.instances(num_gpus)
+            ispec.instance_id: self._new_instance(ispec) for ispec in split
         }
         self.retired: list[_Instance] = []
         self.reconfigurations = 0

@@ -1,0 +1,262 @@
+"""The batch's lower bound (DESIGN.md, "Measures"): no split, schedule, reshape or
+migration finishes the trace sooner. Each term is a separate function so that a policy
+can read one part (`scheduler/heddle.py` reads the memory reads and the longest)
+without paying for the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engines.costmodel import CostModel
+from heddle.types import TrajectorySpec
+
+# Context bins of the streams term: each bin's tokens are costed at its lower edge, so
+# coarser bins only loosen the bound (by at most the ratio of neighbouring edges, ~4%).
+_CONTEXT_BINS = 256
+
+
+def lower_bound(
+    specs: Sequence[TrajectorySpec],
+    *,
+    model: str,
+    gpu: str,
+    num_gpus: int,
+    tp_choices: Sequence[int],
+    max_num_seqs: int,
+    gpu_memory_utilization: float = 0.9,
+) -> dict[str, float]:
+    """The largest of (a) the longest trajectory alone, (b) the tokens over the cluster's
+    peak decode throughput, (c) the memory reads no schedule avoids, and (d) the
+    iteration streams the long trajectories need to finish in time (see each term)."""
+    costs = allowed_costs(model, gpu, num_gpus, tp_choices, gpu_memory_utilization)
+    longest = longest_alone_s(specs, costs)
+    tokens = sum(s.generated_tokens for s in specs)
+    context = min(s.prompt_tokens for s in specs)
+    peak = max(
+        (num_gpus // c.tp) * max_num_seqs / c.decode_token_s(max_num_seqs, context) for c in costs
+    )
+    work = tokens / peak
+    reads = memory_reads_s(specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs)
+    streams = streams_s(specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs)
+    return {
+        "lower_bound_s": max(longest, work, reads, streams),
+        "longest_alone_s": longest,
+        "work_s": work,
+        "memory_reads_s": reads,
+        "streams_s": streams,
+    }
+
+
+def allowed_costs(
+    model: str, gpu: str, num_gpus: int, tp_choices: Sequence[int], gpu_memory_utilization: float
+) -> list[CostModel]:
+    """The instance shapes a schedule may use: the allowed degrees the model fits on."""
+    costs = [
+        CostModel.for_names(model, gpu, tp, gpu_memory_utilization)
+        for tp in tp_choices
+        if tp <= num_gpus and CostModel.for_names(model, gpu, tp).kv_capacity_tokens > 0
+    ]
+    if not costs:
+        raise ValueError(f"{model} fits on no allowed TP degree of {num_gpus} {gpu} GPUs")
+    return costs
+
+
+def trajectory_alone_s(spec: TrajectorySpec, cost: CostModel) -> float:
+    """One trajectory with an instance to itself: each turn prefills what is new (its
+    earlier context stays cached), decodes at batch 1, then waits for its tool."""
+    total = 0.0
+    context = 0
+    new = spec.prompt_tokens
+    for step in spec.steps:
+        total += cost.prefill_s(new, cached_tokens=context)
+        context += new
+        per_token = cost.decode_token_s(1, context + step.output_tokens // 2)
+        total += step.output_tokens * per_token
+        context += step.output_tokens
+        total += step.tool_latency_s
+        new = step.tool_output_tokens
+    return total
+
+
+def longest_alone_s(specs: Sequence[TrajectorySpec], costs: Sequence[CostModel]) -> float:
+    """(a): the longest trajectory alone at the degree that runs it fastest."""
+    return max(min(trajectory_alone_s(s, c) for c in costs) for s in specs)
+
+
+def memory_reads_s(
+    specs: Sequence[TrajectorySpec],
+    costs: Sequence[CostModel],
+    *,
+    num_gpus: int,
+    max_num_seqs: int,
+) -> float:
+    """(c): the memory reads no schedule avoids, spread over every GPU: each decode token
+    reads its whole context's KV, and each iteration the weights. An iteration takes at
+    least its memory time on any TP degree (a TP-t instance has t times the bandwidth and
+    t GPUs), so this holds for every split. The iterations are at least the tokens over
+    `max_num_seqs`, and, since an iteration reads at most its instance's KV cache, at
+    least the KV read over the cache: on TP t each costs at least the weights and t
+    times its all-reduce latency and overhead in GPU time per `kv_capacity_tokens` of
+    KV read, and the cheapest degree per KV token bounds any mix of them."""
+    one_gpu = CostModel(costs[0].model, costs[0].gpu, 1, costs[0].gpu_memory_utilization).terms
+    tokens = sum(s.generated_tokens for s in specs)
+    attended = sum(attended_tokens(s) for s in specs)
+    per_iteration = min(
+        c.tp
+        * (c.terms.mem_base_s + c.terms.allreduce_base_s + c.terms.overhead_s)
+        / c.kv_capacity_tokens
+        for c in costs
+    )
+    iterations_s = max(tokens / max_num_seqs * one_gpu.mem_base_s, attended * per_iteration)
+    return (iterations_s + attended * one_gpu.mem_per_kv_token_s) / num_gpus
+
+
+def attended_tokens(spec: TrajectorySpec) -> int:
+    """KV tokens the trajectory's decode iterations read in all. A turn's first token
+    comes out of its prefill; its j-th (j >= 1) is decoded over the turn's starting
+    context c plus the j - 1 tokens before it, as the engine core counts them."""
+    return sum(n * c + n * (n - 1) // 2 for c, n in _decode_runs(spec))
+
+
+def _decode_runs(spec: TrajectorySpec) -> list[tuple[int, int]]:
+    """(context of the first decode, decodes) per turn: the turn's tokens after its first."""
+    runs = []
+    context = spec.prompt_tokens
+    for step in spec.steps:
+        if step.output_tokens > 1:
+            runs.append((context, step.output_tokens - 1))
+        context += step.output_tokens + step.tool_output_tokens
+    return runs
+
+
+@dataclass(frozen=True)
+class _Degree:
+    """One TP degree's iteration, split as the streams term needs it."""
+
+    gpu_s: float  # GPU time an iteration costs whatever it carries: t x (weights + fixed)
+    gpu_s_per_token: float  # GPU time of each token's all-reduce
+    wall_s: float  # wall time of an empty iteration: weights, all-reduce latency, overhead
+    wall_s_per_token: float
+    wall_s_per_kv: float
+
+    @classmethod
+    def of(cls, cost: CostModel) -> _Degree:
+        t = cost.terms
+        wall = t.mem_base_s + t.allreduce_base_s + t.overhead_s
+        return cls(
+            gpu_s=cost.tp * wall,
+            gpu_s_per_token=cost.tp * t.allreduce_per_token_s,
+            wall_s=wall,
+            wall_s_per_token=t.allreduce_per_token_s,
+            wall_s_per_kv=t.mem_per_kv_token_s,
+        )
+
+
+def streams_s(
+    specs: Sequence[TrajectorySpec],
+    costs: Sequence[CostModel],
+    *,
+    num_gpus: int,
+    max_num_seqs: int,
+) -> float:
+    """(d): a long trajectory makes one token per iteration it is in, and those
+    iterations plus its tool calls fit in the makespan T. Many long ones either share
+    iterations, which the KV they read makes slower, or run in separate ones, each
+    paying the weights and fixed costs again in GPU time. For a set S of trajectories:
+    an iteration I on TP t with p_I members of S lasts D_I >= alpha_t + a_t p_I +
+    beta_t K_I (K_I: the members' KV) and costs t D_I GPU-seconds. Every member i has
+    sum over its iterations of D_I <= T - tools_i, so for any lambda >= 0
+
+        num_gpus T >= sum_I t D_I + lambda (sum_I p_I D_I - sum_i (T - tools_i))
+                      + KV reads of the trajectories outside S,
+
+    and the right side splits into a term per token of S: g_t / p + t a_t + m k +
+    lambda (alpha_t + a_t p + beta_t p k), at least its minimum over t and over real
+    p in [1, max_num_seqs]. T is then at least (H(lambda) + lambda sum tools + rest) /
+    (num_gpus + lambda |S|) for every lambda, a quasi-concave function of lambda that a
+    ternary search maximises. S is taken as the m trajectories with the most tokens,
+    for m = 1, 2, 4, ..., all; each gives a bound and the largest is kept. Migrations,
+    reshapes and preemptions only add iterations or time, so this holds for them too."""
+    degrees = [_Degree.of(c) for c in costs]
+    per_kv = CostModel(costs[0].model, costs[0].gpu, 1, costs[0].gpu_memory_utilization)
+    kv_s = per_kv.terms.mem_per_kv_token_s  # GPU time per KV token read, on any degree
+    order = sorted(specs, key=lambda s: s.generated_tokens, reverse=True)
+    runs = [_decode_runs(s) for s in order]
+    tools = np.array([sum(st.tool_latency_s for st in s.steps if st.tool) for s in order])
+    firsts = np.array([sum(1 for st in s.steps if st.output_tokens > 0) for s in order])
+    attended = np.array([attended_tokens(s) for s in order], dtype=float)
+    longest_context = max((c + n for r in runs for c, n in r), default=1)
+    edges = np.unique(
+        np.concatenate(([0], np.geomspace(1, longest_context + 1, _CONTEXT_BINS).astype(np.int64)))
+    ).astype(float)
+    # Each run's decode contexts as (trajectory's rank, first context, count).
+    owner = np.array([i for i, r in enumerate(runs) for _ in r], dtype=np.int64)
+    starts = np.array([c for r in runs for c, _ in r], dtype=float)
+    counts = np.array([n for r in runs for _, n in r], dtype=float)
+    best = 0.0
+    size = 1
+    while True:
+        m = min(size, len(order))
+        taken = owner < m
+        tokens_at = _tokens_per_bin(edges, starts[taken], counts[taken])
+        tokens_at[0] += firsts[:m].sum()  # a turn's first token: counted with no KV
+        rest_s = kv_s * float(attended[m:].sum())
+        best = max(
+            best,
+            _streams_for(tokens_at, edges, degrees, kv_s, num_gpus, max_num_seqs, m,
+                         float(tools[:m].sum()), rest_s),
+        )  # fmt: skip
+        if m == len(order):
+            return best
+        size *= 2
+
+
+def _tokens_per_bin(edges: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Tokens whose context lies in [edges[b], edges[b + 1]), the runs' contexts being
+    start, start + 1, ..., start + count - 1: below(e) = sum of clip(e - start, 0, count),
+    a sum of two ramps per run, evaluated at every edge from sorted cumulative sums."""
+
+    def ramps(points: np.ndarray) -> np.ndarray:  # sum over points x of max(e - x, 0)
+        points = np.sort(points)
+        cumulative = np.concatenate(([0.0], np.cumsum(points)))
+        below = np.searchsorted(points, edges, side="left")
+        return below * edges - cumulative[below]
+
+    below = ramps(starts) - ramps(starts + counts)
+    return np.diff(np.append(below, counts.sum()))
+
+
+def _streams_for(
+    tokens_at: np.ndarray,
+    contexts: np.ndarray,
+    degrees: Sequence[_Degree],
+    kv_s: float,
+    num_gpus: int,
+    max_num_seqs: int,
+    members: int,
+    tools_s: float,
+    rest_s: float,
+) -> float:
+    """max over lambda of (H(lambda) + lambda tools + rest) / (num_gpus + lambda members)."""
+
+    def bound(lam: float) -> float:
+        cheapest = np.full(len(contexts), np.inf)
+        for d in degrees:
+            q = lam * (d.wall_s_per_token + d.wall_s_per_kv * contexts)
+            p = np.clip(np.sqrt(d.gpu_s / np.maximum(q, 1e-300)), 1.0, max_num_seqs)
+            per_token = d.gpu_s / p + q * p + d.gpu_s_per_token + lam * d.wall_s
+            cheapest = np.minimum(cheapest, per_token)
+        h = float(tokens_at @ (cheapest + kv_s * contexts))
+        return (h + lam * tools_s + rest_s) / (num_gpus + lam * members)
+
+    lo, hi = -6.0, 6.0  # log10 lambda, lambda in GPUs per trajectory
+    for _ in range(80):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if bound(10**a) < bound(10**b):
+            lo = a
+        else:
+            hi = b
+    return max(bound(0.0), bound(10**lo))
