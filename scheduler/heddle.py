@@ -326,8 +326,11 @@ class HeddlePlanner:
         widest = max(models)
         # The aligned blocks of the widest degree made of narrower instances that are up.
         up = {s.instance_id for s in instances}
+        taking = up - self.starting
+        # A block that holds every instance taking steps has nowhere to send its work.
         blocks = [(members, tp) for members, tp in layout.blocks_within(up, {widest})
-                  if all(layout.tp[i] < widest for i in members)]  # fmt: skip
+                  if all(layout.tp[i] < widest for i in members)
+                  and not taking <= set(members)]  # fmt: skip
         if not blocks:
             return
         lengths, contexts = self._forecast()
@@ -409,8 +412,12 @@ class HeddlePlanner:
         """Re-solve the group sizes over the instances that are up, widest first."""
         assert self.layout is not None
         layout = self.layout
-        ids = sorted((i for i in layout.tp if i not in self.starting and i not in self.vacating),
-                     key=lambda i: (-layout.tp[i], layout.first_gpu[i]))  # fmt: skip
+        taking = [i for i in layout.tp if i not in self.starting and i not in self.vacating]
+        if not taking:
+            # Every instance is restarting after a merge: plan on those, which queue the
+            # steps until they are up.
+            taking = [i for i in layout.tp if i not in self.vacating] or list(layout.tp)
+        ids = sorted(taking, key=lambda i: (-layout.tp[i], layout.first_gpu[i]))
         models, _ = self.instance_shapes()
         lengths, contexts = self._forecast()
         self.instance_ids = ids

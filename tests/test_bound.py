@@ -3,6 +3,8 @@ binds, and below what every policy runs."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from engines.costmodel import CostModel
@@ -74,3 +76,41 @@ def test_every_policy_runs_above_the_bound_on_math(name: str) -> None:
     context = PolicyContext(num_gpus=8, history=history, truth=tuple(trace))
     result = simulate(trace, create_policy(name, context), **cluster)  # type: ignore[arg-type]
     assert result.makespan_s >= bound["lower_bound_s"]
+
+
+def _random_trace(rng: random.Random) -> list[TrajectorySpec]:
+    """4-40 trajectories of 1-5 turns: outputs 30-20,000 tokens (log-uniform), prompts
+    up to 12,000, tools up to 8 s returning up to 3,000 tokens."""
+    specs = []
+    for i in range(rng.randint(4, 40)):
+        turns = rng.randint(1, 5)
+        steps = []
+        for j in range(turns):
+            output = int(10 ** rng.uniform(1.5, 4.3))
+            if j == turns - 1:
+                steps.append(StepSpec(output))
+            else:
+                latency, returned = rng.uniform(0, 8), rng.randint(0, 3_000)
+                steps.append(StepSpec(output, "t", latency, tool_output_tokens=returned))
+        specs.append(TrajectorySpec(f"t{i}", f"g{i % 4}", rng.randint(50, 12_000), tuple(steps)))
+    return specs
+
+
+# Seeds 7, 9, 10 and 16 once crashed heddle: a reshape left no instance taking steps and
+# the re-plan solved the DP over none. 8 and 19: the streams term binds (19 at 1.05x).
+@pytest.mark.parametrize("seed", [7, 8, 9, 10, 16, 19])
+def test_every_policy_finishes_random_batches_above_the_bound(seed: int) -> None:
+    rng = random.Random(seed)
+    specs = _random_trace(rng)
+    model, num_gpus = rng.choice(["qwen3-8b", "qwen3-14b"]), rng.choice([1, 2, 4, 8])
+    tp_choices = tuple(t for t in (1, 2, 4, 8) if t <= num_gpus)
+    cluster = {"model": model, "gpu": "h100", "num_gpus": num_gpus}
+    bound = lower_bound(specs, tp_choices=tp_choices, max_num_seqs=256, **cluster)  # type: ignore[arg-type]
+    context = PolicyContext(
+        model=model, num_gpus=num_gpus, default_tp=1, tp_choices=tp_choices,
+        history=tuple(specs), truth=tuple(specs),
+    )  # fmt: skip
+    for name in policy_names():
+        result = simulate(specs, create_policy(name, context), **cluster)  # type: ignore[arg-type]
+        assert result.generated_tokens == sum(s.generated_tokens for s in specs), name
+        assert result.makespan_s >= bound["lower_bound_s"], name
