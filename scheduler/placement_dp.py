@@ -147,6 +147,8 @@ def solve(
     lengths = np.asarray(lengths_desc, dtype=np.float64)
     if len(lengths) == 0:
         return Partition(tuple(0 for _ in instances), 0.0)
+    if not instances:
+        raise ValueError(f"no instance to place {len(lengths)} trajectories on")
     if np.any(np.diff(lengths) > 0):
         raise ValueError("lengths must be sorted longest first")
     items, weights, tokens, ctx = _aggregate(

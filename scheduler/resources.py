@@ -69,6 +69,11 @@ class SplitPlanner:
     def homogeneous(self, tp: int) -> tuple[int, ...]:
         if self.num_gpus % tp:
             raise ValueError(f"{self.num_gpus} GPUs do not divide into TP-{tp} instances")
+        if tp not in self._fits():
+            raise ValueError(
+                f"TP-{tp} is not among the allowed degrees {self.model} fits on with "
+                f"{self.gpu}: {self._fits()}"
+            )
         return (tp,) * (self.num_gpus // tp)
 
     def plan(

@@ -96,21 +96,32 @@ def _random_trace(rng: random.Random) -> list[TrajectorySpec]:
     return specs
 
 
-# Seeds 7, 9, 10 and 16 once crashed heddle: a reshape left no instance taking steps and
-# the re-plan solved the DP over none. 8 and 19: the streams term binds (19 at 1.05x).
-@pytest.mark.parametrize("seed", [7, 8, 9, 10, 16, 19])
+# Seeds 5, 10, 12 and 48 once crashed heddle: a reshape left no instance taking steps and
+# the re-plan solved the DP over none. In 46 and 55 heddle-oracle ran 0.01% under the
+# longest trajectory "alone", which had counted a turn's decodes at a context rounded up
+# and its prompt's prefill though a sibling may have cached it.
+@pytest.mark.parametrize("seed", [5, 10, 12, 46, 48, 55])
 def test_every_policy_finishes_random_batches_above_the_bound(seed: int) -> None:
     rng = random.Random(seed)
     specs = _random_trace(rng)
-    model, num_gpus = rng.choice(["qwen3-8b", "qwen3-14b"]), rng.choice([1, 2, 4, 8])
+    model = rng.choice(["qwen3-8b", "qwen3-14b", "qwen3-32b"])
+    num_gpus = rng.choice([1, 2, 4, 8, 16])
     tp_choices = tuple(t for t in (1, 2, 4, 8) if t <= num_gpus)
     cluster = {"model": model, "gpu": "h100", "num_gpus": num_gpus}
     bound = lower_bound(specs, tp_choices=tp_choices, max_num_seqs=256, **cluster)  # type: ignore[arg-type]
     context = PolicyContext(
-        model=model, num_gpus=num_gpus, default_tp=1, tp_choices=tp_choices,
-        history=tuple(specs), truth=tuple(specs),
+        model=model, num_gpus=num_gpus, default_tp=2 if model == "qwen3-32b" else 1,
+        tp_choices=tp_choices, history=tuple(specs), truth=tuple(specs),
     )  # fmt: skip
     for name in policy_names():
         result = simulate(specs, create_policy(name, context), **cluster)  # type: ignore[arg-type]
         assert result.generated_tokens == sum(s.generated_tokens for s in specs), name
         assert result.makespan_s >= bound["lower_bound_s"], name
+
+
+def test_a_default_degree_the_model_does_not_fit_on_is_refused() -> None:
+    specs = [TrajectorySpec("t", "g", 100, (StepSpec(100),))]
+    context = PolicyContext(model="qwen3-32b", num_gpus=8, default_tp=1, history=tuple(specs))
+    with pytest.raises(ValueError, match="TP-1 is not among the allowed degrees qwen3-32b"):
+        simulate(specs, create_policy("heddle-fixed-tp", context), model="qwen3-32b", gpu="h100",
+                 num_gpus=8)  # fmt: skip

@@ -65,20 +65,37 @@ def allowed_costs(
 
 
 def trajectory_alone_s(spec: TrajectorySpec, cost: CostModel) -> float:
-    """One trajectory with an instance to itself: each turn prefills what is new (its
-    earlier context stays cached), decodes at batch 1, then waits for its tool."""
+    """A lower bound on one trajectory's time with an instance to itself: per turn, the
+    iteration that makes its first token, its other tokens decoded at batch 1 (the
+    iteration time is convex in the context, so they take at least as long as at their
+    mean context), then its tool."""
     total = 0.0
-    context = 0
-    new = spec.prompt_tokens
+    context = spec.prompt_tokens
+    previous_output = 0  # the tokens the last tool returned
     for step in spec.steps:
-        total += cost.prefill_s(new, cached_tokens=context)
-        context += new
-        per_token = cost.decode_token_s(1, context + step.output_tokens // 2)
-        total += step.output_tokens * per_token
-        context += step.output_tokens
+        n = step.output_tokens
+        if n > 0:
+            total += _first_token_s(cost, previous_output, context)
+        if n > 1:
+            total += (n - 1) * cost.decode_token_s(1, context + (n - 2) / 2)  # type: ignore[arg-type]
+        context += n + step.tool_output_tokens
         total += step.tool_latency_s
-        new = step.tool_output_tokens
+        previous_output = step.tool_output_tokens
     return total
+
+
+def _first_token_s(cost: CostModel, new_tokens: int, context: int) -> float:
+    """At least: an iteration that prefills the turn's new tokens (at least one; the
+    first turn's prompt may be cached by a sibling, so none of it is counted) over the
+    most of the context that can be cached. Less cached means more to compute but less
+    KV to read, so the memory side is counted at the weights alone."""
+    t = cost.terms
+    n = max(new_tokens, 1)
+    attended = context - n + n / 2
+    compute = n * t.compute_per_token_s + n * attended * t.compute_per_attended_s
+    return (
+        max(t.mem_base_s, compute) + t.allreduce_base_s + n * t.allreduce_per_token_s + t.overhead_s
+    )
 
 
 def longest_alone_s(specs: Sequence[TrajectorySpec], costs: Sequence[CostModel]) -> float:
