@@ -3,8 +3,6 @@ binds, and below what every policy runs."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from engines.costmodel import CostModel
@@ -78,44 +76,22 @@ def test_every_policy_runs_above_the_bound_on_math(name: str) -> None:
     assert result.makespan_s >= bound["lower_bound_s"]
 
 
-def _random_trace(rng: random.Random) -> list[TrajectorySpec]:
-    """4-40 trajectories of 1-5 turns: outputs 30-20,000 tokens (log-uniform), prompts
-    up to 12,000, tools up to 8 s returning up to 3,000 tokens."""
-    specs = []
-    for i in range(rng.randint(4, 40)):
-        turns = rng.randint(1, 5)
-        steps = []
-        for j in range(turns):
-            output = int(10 ** rng.uniform(1.5, 4.3))
-            if j == turns - 1:
-                steps.append(StepSpec(output))
-            else:
-                latency, returned = rng.uniform(0, 8), rng.randint(0, 3_000)
-                steps.append(StepSpec(output, "t", latency, tool_output_tokens=returned))
-        specs.append(TrajectorySpec(f"t{i}", f"g{i % 4}", rng.randint(50, 12_000), tuple(steps)))
-    return specs
-
-
 # Seeds 5, 10, 12 and 48 once crashed heddle: a reshape left no instance taking steps and
 # the re-plan solved the DP over none. In 46 and 55 heddle-oracle ran 0.01% under the
 # longest trajectory "alone", which had counted a turn's decodes at a context rounded up
 # and its prompt's prefill though a sibling may have cached it.
 @pytest.mark.parametrize("seed", [5, 10, 12, 46, 48, 55])
 def test_every_policy_finishes_random_batches_above_the_bound(seed: int) -> None:
-    rng = random.Random(seed)
-    specs = _random_trace(rng)
-    model = rng.choice(["qwen3-8b", "qwen3-14b", "qwen3-32b"])
-    num_gpus = rng.choice([1, 2, 4, 8, 16])
-    tp_choices = tuple(t for t in (1, 2, 4, 8) if t <= num_gpus)
-    cluster = {"model": model, "gpu": "h100", "num_gpus": num_gpus}
-    bound = lower_bound(specs, tp_choices=tp_choices, max_num_seqs=256, **cluster)  # type: ignore[arg-type]
-    context = PolicyContext(
-        model=model, num_gpus=num_gpus, default_tp=2 if model == "qwen3-32b" else 1,
-        tp_choices=tp_choices, history=tuple(specs), truth=tuple(specs),
-    )  # fmt: skip
+    """`benchmarks/random_batches.py`'s batches: every policy finishes every token and
+    runs above the bound."""
+    from benchmarks.random_batches import random_batch
+
+    batch = random_batch(seed)
+    cluster = {"model": batch.model, "gpu": "h100", "num_gpus": batch.num_gpus}
+    bound = lower_bound(batch.specs, tp_choices=batch.tp_choices, max_num_seqs=256, **cluster)  # type: ignore[arg-type]
     for name in policy_names():
-        result = simulate(specs, create_policy(name, context), **cluster)  # type: ignore[arg-type]
-        assert result.generated_tokens == sum(s.generated_tokens for s in specs), name
+        result = simulate(batch.specs, create_policy(name, batch.context()), **cluster)  # type: ignore[arg-type]
+        assert result.generated_tokens == sum(s.generated_tokens for s in batch.specs), name
         assert result.makespan_s >= bound["lower_bound_s"], name
 
 
