@@ -670,8 +670,10 @@ def bench(
     console.print(table)
     lb = result.lower_bound
     console.print(
-        f"lower bound {bound:,.1f} s (longest alone {lb['longest_alone_s']:,.1f} s, "
-        f"work {lb['work_s']:,.1f} s)"
+        f"lower bound {bound:,.1f} s, the largest of: longest alone "
+        f"{lb['longest_alone_s']:,.1f} s, peak throughput {lb['work_s']:,.1f} s, memory reads "
+        f"{lb['memory_reads_s']:,.1f} s, iteration streams {lb['streams_s']:,.1f} s "
+        "(docs/simulator.md)"
     )
     if json_out:
         json_out.write_text(

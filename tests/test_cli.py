@@ -336,6 +336,10 @@ def test_bench_compares_policies_and_writes_json_and_plots(tmp_path: Path) -> No
         assert set(p["completion_s"]) == {"p50", "p90", "p99", "max"}
         assert p["makespan_s"] >= data["lower_bound_s"]
     assert "1.00x" in result.stdout  # the first policy's ratio to itself
+    terms = data["lower_bound"]
+    assert set(terms) >= {"longest_alone_s", "work_s", "memory_reads_s", "streams_s"}
+    assert data["lower_bound_s"] == max(v for k, v in terms.items() if k != "lower_bound_s")
+    assert f"iteration streams {terms['streams_s']:,.1f} s" in " ".join(result.stdout.split())
     pngs = sorted(x.name for x in (tmp_path / "plots").iterdir())
     assert pngs == ["completion_cdf.png", "gantt_slime.png", "gantt_verl.png", "throughput.png"]
 
