@@ -66,7 +66,7 @@ def test_the_streams_term_binds_on_long_decodes_and_every_policy_runs_above_it(n
 @pytest.mark.parametrize("name", policy_names())
 def test_every_policy_runs_above_the_bound_on_math(name: str) -> None:
     """Math's near-cap tail is where the streams term binds (here 84 s against the longest
-    alone's 79 s; on the paper setting's math 18-24% above the memory reads)."""
+    alone's 79 s; on the paper setting's math 22-30% above the memory reads)."""
     trace = [r.spec for r in generate("math", prompts=12, samples=16, seed=3)]
     history = tuple(r.spec for r in generate("math", prompts=12, samples=16, seed=3, iteration=1))
     cluster = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 8}

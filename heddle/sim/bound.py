@@ -184,19 +184,22 @@ def streams_s(
     iterations, which the KV they read makes slower, or run in separate ones, each
     paying the weights and fixed costs again in GPU time. For a set S of trajectories:
     an iteration I on TP t with p_I members of S lasts D_I >= alpha_t + a_t p_I +
-    beta_t K_I (K_I: the members' KV) and costs t D_I GPU-seconds. Every member i has
-    sum over its iterations of D_I <= T - tools_i, so for any lambda >= 0
+    beta_t K_I (K_I: the KV of every sequence in it) and costs t D_I GPU-seconds. Every
+    member i has sum over its iterations of D_I <= T - tools_i, so for any lambda >= 0
 
-        num_gpus T >= sum_I t D_I + lambda (sum_I p_I D_I - sum_i (T - tools_i))
-                      + KV reads of the trajectories outside S,
+        num_gpus T >= sum_I t D_I + lambda (sum_I p_I D_I - sum_i (T - tools_i)),
 
-    and the right side splits into a term per token of S: g_t / p + t a_t + m k +
-    lambda (alpha_t + a_t p + beta_t p k), at least its minimum over t and over real
-    p in [1, max_num_seqs]. T is then at least (H(lambda) + lambda sum tools + rest) /
-    (num_gpus + lambda |S|) for every lambda, a quasi-concave function of lambda that a
-    ternary search maximises. S is taken as the m trajectories with the most tokens,
-    for m = 1, 2, 4, ..., all; each gives a bound and the largest is kept. Migrations,
-    reshapes and preemptions only add iterations or time, so this holds for them too."""
+    and the right side splits into a term per token: for a token of S, g_t / p + t a_t
+    + m k + lambda (alpha_t + a_t p + beta_t p k), at least its minimum over t and over
+    real p in [1, max_num_seqs]; for a token outside S, t a_t + m k and either lambda
+    beta_t k (it rides an iteration of S, whose weights S's tokens paid, and its KV
+    slows p >= 1 members) or g_t / max_num_seqs (its iteration has no member of S, so
+    its own tokens pay the weights), the smaller. T is then at least (H(lambda) +
+    lambda sum tools) / (num_gpus + lambda |S|) for every lambda, a quasi-concave
+    function of lambda that a ternary search maximises. S is taken as the m
+    trajectories with the most tokens, for m = 1, 2, 4, ..., all; each gives a bound
+    and the largest is kept. Migrations, reshapes and preemptions only add iterations
+    or time, so this holds for them too."""
     degrees = [_Degree.of(c) for c in costs]
     per_kv = CostModel(costs[0].model, costs[0].gpu, 1, costs[0].gpu_memory_utilization)
     kv_s = per_kv.terms.mem_per_kv_token_s  # GPU time per KV token read, on any degree
@@ -213,6 +216,8 @@ def streams_s(
     owner = np.array([i for i, r in enumerate(runs) for _ in r], dtype=np.int64)
     starts = np.array([c for r in runs for c, _ in r], dtype=float)
     counts = np.array([n for r in runs for _, n in r], dtype=float)
+    every_at = _tokens_per_bin(edges, starts, counts)
+    every_at[0] += firsts.sum()
     best = 0.0
     size = 1
     while True:
@@ -223,8 +228,8 @@ def streams_s(
         rest_s = kv_s * float(attended[m:].sum())
         best = max(
             best,
-            _streams_for(tokens_at, edges, degrees, kv_s, num_gpus, max_num_seqs, m,
-                         float(tools[:m].sum()), rest_s),
+            _streams_for(tokens_at, every_at - tokens_at, edges, degrees, kv_s, num_gpus,
+                         max_num_seqs, m, float(tools[:m].sum()), rest_s),
         )  # fmt: skip
         if m == len(order):
             return best
@@ -248,6 +253,7 @@ def _tokens_per_bin(edges: np.ndarray, starts: np.ndarray, counts: np.ndarray) -
 
 def _streams_for(
     tokens_at: np.ndarray,
+    others_at: np.ndarray,
     contexts: np.ndarray,
     degrees: Sequence[_Degree],
     kv_s: float,
@@ -266,7 +272,16 @@ def _streams_for(
             p = np.clip(np.sqrt(d.gpu_s / np.maximum(q, 1e-300)), 1.0, max_num_seqs)
             per_token = d.gpu_s / p + q * p + d.gpu_s_per_token + lam * d.wall_s
             cheapest = np.minimum(cheapest, per_token)
-        h = float(tokens_at @ (cheapest + kv_s * contexts))
+        # A token outside S either rides an iteration of S, where its KV slows the
+        # members (lambda p beta k, p >= 1), or runs in one without S, a share of whose
+        # weights and fixed costs it pays (at least g / max_num_seqs).
+        riding = np.full(len(contexts), np.inf)
+        for d in degrees:
+            own = d.gpu_s_per_token + np.minimum(
+                lam * d.wall_s_per_kv * contexts, d.gpu_s / max_num_seqs
+            )
+            riding = np.minimum(riding, own)
+        h = float(tokens_at @ (cheapest + kv_s * contexts) + others_at @ riding)
         return (h + lam * tools_s + rest_s) / (num_gpus + lam * members)
 
     lo, hi = -6.0, 6.0  # log10 lambda, lambda in GPUs per trajectory
