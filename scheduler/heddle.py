@@ -416,7 +416,7 @@ class HeddlePlanner:
         if not taking:
             # Every instance is restarting after a merge: plan on those, which queue the
             # steps until they are up.
-            taking = [i for i in layout.tp if i not in self.vacating] or list(layout.tp)
+            taking = [i for i in layout.tp if i not in self.vacating]
         ids = sorted(taking, key=lambda i: (-layout.tp[i], layout.first_gpu[i]))
         models, _ = self.instance_shapes()
         lengths, contexts = self._forecast()

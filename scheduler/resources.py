@@ -69,10 +69,11 @@ class SplitPlanner:
     def homogeneous(self, tp: int) -> tuple[int, ...]:
         if self.num_gpus % tp:
             raise ValueError(f"{self.num_gpus} GPUs do not divide into TP-{tp} instances")
-        if tp not in self._fits():
+        fits = self._fits()
+        if tp not in fits:
             raise ValueError(
                 f"TP-{tp} is not among the allowed degrees {self.model} fits on with "
-                f"{self.gpu}: {self._fits()}"
+                f"{self.gpu}: {fits}"
             )
         return (tp,) * (self.num_gpus // tp)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engines.costmodel import CostModel
+from engines.costmodel import CostModel, IterationTerms
 from heddle.types import TrajectorySpec
 
 # Context bins of the streams term: each bin's tokens are costed at its lower edge, so
@@ -118,7 +118,7 @@ def memory_reads_s(
     least the KV read over the cache: on TP t each costs at least the weights and t
     times its all-reduce latency and overhead in GPU time per `kv_capacity_tokens` of
     KV read, and the cheapest degree per KV token bounds any mix of them."""
-    one_gpu = CostModel(costs[0].model, costs[0].gpu, 1, costs[0].gpu_memory_utilization).terms
+    one_gpu = _one_gpu(costs)
     tokens = sum(s.generated_tokens for s in specs)
     attended = sum(attended_tokens(s) for s in specs)
     per_iteration = min(
@@ -135,7 +135,18 @@ def attended_tokens(spec: TrajectorySpec) -> int:
     """KV tokens the trajectory's decode iterations read in all. A turn's first token
     comes out of its prefill; its j-th (j >= 1) is decoded over the turn's starting
     context c plus the j - 1 tokens before it, as the engine core counts them."""
-    return sum(n * c + n * (n - 1) // 2 for c, n in _decode_runs(spec))
+    return _attended(_decode_runs(spec))
+
+
+def _attended(runs: list[tuple[int, int]]) -> int:
+    return sum(n * c + n * (n - 1) // 2 for c, n in runs)
+
+
+def _one_gpu(costs: Sequence[CostModel]) -> IterationTerms:
+    """The model's iteration terms on one GPU: GPU time per weight read and per KV token
+    read, the same on any degree (t times the bandwidth on t GPUs)."""
+    c = costs[0]
+    return CostModel(c.model, c.gpu, 1, c.gpu_memory_utilization).terms
 
 
 def _decode_runs(spec: TrajectorySpec) -> list[tuple[int, int]]:
@@ -201,13 +212,12 @@ def streams_s(
     and the largest is kept. Migrations, reshapes and preemptions only add iterations
     or time, so this holds for them too."""
     degrees = [_Degree.of(c) for c in costs]
-    per_kv = CostModel(costs[0].model, costs[0].gpu, 1, costs[0].gpu_memory_utilization)
-    kv_s = per_kv.terms.mem_per_kv_token_s  # GPU time per KV token read, on any degree
+    kv_s = _one_gpu(costs).mem_per_kv_token_s
     order = sorted(specs, key=lambda s: s.generated_tokens, reverse=True)
     runs = [_decode_runs(s) for s in order]
     tools = np.array([sum(st.tool_latency_s for st in s.steps if st.tool) for s in order])
     firsts = np.array([sum(1 for st in s.steps if st.output_tokens > 0) for s in order])
-    attended = np.array([attended_tokens(s) for s in order], dtype=float)
+    attended = np.array([_attended(r) for r in runs], dtype=float)
     longest_context = max((c + n for r in runs for c, n in r), default=1)
     edges = np.unique(
         np.concatenate(([0], np.geomspace(1, longest_context + 1, _CONTEXT_BINS).astype(np.int64)))

@@ -131,11 +131,12 @@ class Simulator:
         self._engine_shape = (model, gpu, max_num_seqs, max_num_batched_tokens,
                               gpu_memory_utilization)  # fmt: skip
         split = policy.split.instances(num_gpus)
-        if sum(ispec.tp for ispec in split) > num_gpus:
+        split_gpus = sum(ispec.tp for ispec in split)
+        if split_gpus > num_gpus:
             raise ValueError(
-                f"policy {policy.name!r} split the cluster into "
-                f"{sum(ispec.tp for ispec in split)} GPUs of instances, but it has {num_gpus}: "
-                "was its PolicyContext made for another cluster?"
+                f"policy {policy.name!r} split the cluster into {split_gpus} GPUs of "
+                f"instances, but it has {num_gpus}: was its PolicyContext made for another "
+                "cluster?"
             )
         self.instances: dict[str, _Instance] = {
             ispec.instance_id: self._new_instance(ispec) for ispec in split
