@@ -672,8 +672,8 @@ def bench(
     console.print(
         f"lower bound {bound:,.1f} s, the largest of: longest alone "
         f"{lb['longest_alone_s']:,.1f} s, peak throughput {lb['work_s']:,.1f} s, memory reads "
-        f"{lb['memory_reads_s']:,.1f} s, iteration streams {lb['streams_s']:,.1f} s "
-        "(docs/simulator.md)"
+        f"{lb['memory_reads_s']:,.1f} s, iteration streams {lb['streams_s']:,.1f} s, "
+        f"streams LP {lb['streams_lp_s']:,.1f} s (docs/simulator.md)"
     )
     if json_out:
         json_out.write_text(

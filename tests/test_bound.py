@@ -7,7 +7,7 @@ import pytest
 
 from engines.costmodel import CostModel
 from heddle.sim import lower_bound, simulate
-from heddle.sim.bound import attended_tokens
+from heddle.sim.bound import allowed_costs, attended_tokens, streams_lp_s, streams_s
 from heddle.types import StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext
@@ -63,17 +63,33 @@ def test_the_streams_term_binds_on_long_decodes_and_every_policy_runs_above_it(n
         assert result.makespan_s <= 1.1 * bound["lower_bound_s"]
 
 
+def _small_math() -> list[TrajectorySpec]:
+    return [r.spec for r in generate("math", prompts=12, samples=16, seed=3)]
+
+
 @pytest.mark.parametrize("name", policy_names())
 def test_every_policy_runs_above_the_bound_on_math(name: str) -> None:
-    """Math's near-cap tail is where the streams term binds (here 84 s against the longest
-    alone's 79 s; on the paper setting's math 22-30% above the memory reads)."""
-    trace = [r.spec for r in generate("math", prompts=12, samples=16, seed=3)]
+    """Math's near-cap tail is where the streams terms bind: here the LP (e) at 96 s, the
+    Lagrangian (d) at 84 s, the longest alone at 79 s."""
+    trace = _small_math()
     history = tuple(r.spec for r in generate("math", prompts=12, samples=16, seed=3, iteration=1))
     cluster = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 8}
     bound = lower_bound(trace, tp_choices=(1, 2, 4, 8), max_num_seqs=256, **cluster)  # type: ignore[arg-type]
+    assert bound["lower_bound_s"] == bound["streams_lp_s"] > 1.1 * bound["streams_s"]
     context = PolicyContext(num_gpus=8, history=history, truth=tuple(trace))
     result = simulate(trace, create_policy(name, context), **cluster)  # type: ignore[arg-type]
     assert result.makespan_s >= bound["lower_bound_s"]
+
+
+def test_the_streams_lp_is_at_least_the_lagrangian_on_the_same_bins() -> None:
+    """(e) solves (d)'s model exactly, with integer batches, seats shared with the riders
+    and the cache: on the same context bins it can only be higher, for every size of S."""
+    trace = _small_math()
+    costs = allowed_costs("qwen3-8b", "h100", 8, (1, 2, 4, 8), 0.9)
+    d = streams_s(trace, costs, num_gpus=8, max_num_seqs=256)
+    sizes = [2**k for k in range(8)] + [len(trace)]
+    e = streams_lp_s(trace, costs, num_gpus=8, max_num_seqs=256, members=sizes, bins=256)
+    assert e >= d
 
 
 # Seeds 5, 10, 12 and 48 once crashed heddle: a reshape left no instance taking steps and

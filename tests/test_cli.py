@@ -337,9 +337,13 @@ def test_bench_compares_policies_and_writes_json_and_plots(tmp_path: Path) -> No
         assert p["makespan_s"] >= data["lower_bound_s"]
     assert "1.00x" in result.stdout  # the first policy's ratio to itself
     terms = data["lower_bound"]
-    assert set(terms) >= {"longest_alone_s", "work_s", "memory_reads_s", "streams_s"}
+    assert set(terms) >= {
+        "longest_alone_s", "work_s", "memory_reads_s", "streams_s", "streams_lp_s"
+    }  # fmt: skip
     assert data["lower_bound_s"] == max(v for k, v in terms.items() if k != "lower_bound_s")
-    assert f"iteration streams {terms['streams_s']:,.1f} s" in " ".join(result.stdout.split())
+    printed = " ".join(result.stdout.split())
+    assert f"iteration streams {terms['streams_s']:,.1f} s" in printed
+    assert f"streams LP {terms['streams_lp_s']:,.1f} s" in printed
     pngs = sorted(x.name for x in (tmp_path / "plots").iterdir())
     assert pngs == ["completion_cdf.png", "gantt_slime.png", "gantt_verl.png", "throughput.png"]
 

@@ -1,0 +1,53 @@
+"""How much the lower bound's streams term (d) gives away by pricing each token on its
+own: (d) beside the same model solved as a linear program over iteration types, term (e)
+(`heddle/sim/bound.py`, `streams_lp_s`), at several sizes of the long set S and context
+binnings (finer bins only tighten the LP; its variables grow with them).
+
+    python benchmarks/bound_lp.py [--model qwen3-14b] [--workload math] [--seeds 0]
+                                  [--bins 128] [--members 32,64,128]
+
+Prints (d), the LP per |S| with its solve time, and the best LP over (d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from heddle.config import ClusterConfig
+from heddle.sim.bound import allowed_costs, streams_lp_s, streams_s
+from heddle.workloads import generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-14b")
+    ap.add_argument("--workload", default="math")
+    ap.add_argument("--seeds", default="0", help="comma-separated")
+    ap.add_argument("--bins", type=int, default=128)
+    ap.add_argument("--members", default="32,64,128", help="sizes of S, comma-separated")
+    ap.add_argument("--gpus", type=int, default=64)
+    args = ap.parse_args()
+    cluster = ClusterConfig(model=args.model, gpu="h100", num_gpus=args.gpus, default_tp=1)
+    costs = allowed_costs(
+        args.model, "h100", args.gpus, cluster.tp_choices, cluster.gpu_memory_utilization
+    )
+    sizes = dict(num_gpus=args.gpus, max_num_seqs=cluster.max_num_seqs)
+    for seed in (int(s) for s in args.seeds.split(",")):
+        trace = [
+            r.spec for r in generate(args.workload, prompts=400, samples=16, seed=seed, iteration=1)
+        ]
+        d = streams_s(trace, costs, **sizes)
+        print(f"{args.model} {args.workload} seed {seed}: streams term (d) {d:.1f} s", flush=True)
+        best = 0.0
+        for m in (int(v) for v in args.members.split(",")):
+            started = time.perf_counter()
+            lp = streams_lp_s(trace, costs, **sizes, members=[m], bins=args.bins)
+            best = max(best, lp)
+            took = time.perf_counter() - started
+            print(f"  |S| = {m:4d}: LP {lp:.1f} s ({took:.1f} s to solve)", flush=True)
+        print(f"  best LP {best:.1f} s = {best / d:.3f} x (d)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
