@@ -4,7 +4,7 @@ own: (d) beside the same model solved as a linear program over iteration types, 
 binnings (finer bins only tighten the LP; its variables grow with them).
 
     python benchmarks/bound_lp.py [--model qwen3-14b] [--workload math] [--seeds 0]
-                                  [--bins 128] [--members 32,64,128]
+                                  [--bins 64] [--members 32,64,128]
 
 Prints (d), the LP per |S| with its solve time, and the best LP over (d).
 """
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-14b")
     ap.add_argument("--workload", default="math")
     ap.add_argument("--seeds", default="0", help="comma-separated")
-    ap.add_argument("--bins", type=int, default=128)
+    ap.add_argument("--bins", type=int, default=64)
     ap.add_argument("--members", default="32,64,128", help="sizes of S, comma-separated")
     ap.add_argument("--gpus", type=int, default=64)
     args = ap.parse_args()

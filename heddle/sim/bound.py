@@ -19,8 +19,9 @@ from heddle.types import TrajectorySpec
 # Context bins of the streams term: each bin's tokens are costed at its lower edge, so
 # coarser bins only loosen the bound (by at most the ratio of neighbouring edges, ~4%).
 _CONTEXT_BINS = 256
-# The LP's variables grow with its bins: 128 keeps it to seconds on 6,400 trajectories.
-_LP_CONTEXT_BINS = 128
+# The LP's variables grow with its bins. 64 solves 6,400 trajectories of 32B coding in
+# 16 s at 892 s; 128 bins take 55 s for 898 s (`benchmarks/bound_lp.py --bins`).
+_LP_CONTEXT_BINS = 64
 
 
 def lower_bound(
@@ -36,8 +37,7 @@ def lower_bound(
     """The largest of (a) the longest trajectory alone, (b) the tokens over the cluster's
     peak decode throughput, (c) the memory reads no schedule avoids, (d) the iteration
     streams the long trajectories need to finish in time, and (e) the same streams as a
-    linear program, at (d)'s best size of the long set, half and twice it (see each
-    term)."""
+    linear program, at the size of the long set that gives (d) (see each term)."""
     costs = allowed_costs(model, gpu, num_gpus, tp_choices, gpu_memory_utilization)
     longest = longest_alone_s(specs, costs)
     tokens = sum(s.generated_tokens for s in specs)
@@ -48,10 +48,8 @@ def lower_bound(
     work = tokens / peak
     reads = memory_reads_s(specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs)
     streams, m = _streams_best(specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs)
-    streams_lp = streams_lp_s(
-        specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs,
-        members=sorted({max(1, m // 2), m, 2 * m}),
-    )  # fmt: skip
+    streams_lp = streams_lp_s(specs, costs, num_gpus=num_gpus, max_num_seqs=max_num_seqs,
+                              members=[m])  # fmt: skip
     return {
         "lower_bound_s": max(longest, work, reads, streams, streams_lp),
         "longest_alone_s": longest,
