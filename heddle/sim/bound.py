@@ -216,19 +216,21 @@ class _Binned:
         edges = np.unique(
             np.concatenate(([0], np.geomspace(1, longest_context + 1, bins).astype(np.int64)))
         ).astype(float)
-        binned = cls(
+        starts = np.array([c for r in runs for c, _ in r], dtype=float)
+        counts = np.array([n for r in runs for _, n in r], dtype=float)
+        firsts = np.array([sum(1 for st in s.steps if st.output_tokens > 0) for s in order])
+        every_at = _tokens_per_bin(edges, starts, counts)
+        every_at[0] += firsts.sum()
+        return cls(
             edges=edges,
             owner=np.array([i for i, r in enumerate(runs) for _ in r], dtype=np.int64),
-            starts=np.array([c for r in runs for c, _ in r], dtype=float),
-            counts=np.array([n for r in runs for _, n in r], dtype=float),
-            firsts=np.array([sum(1 for st in s.steps if st.output_tokens > 0) for s in order]),
+            starts=starts,
+            counts=counts,
+            firsts=firsts,
             tools=np.array([sum(st.tool_latency_s for st in s.steps if st.tool) for s in order]),
             attended=np.array([_attended(r) for r in runs], dtype=float),
-            every_at=np.zeros(len(edges)),
+            every_at=every_at,
         )
-        binned.every_at[:] = _tokens_per_bin(edges, binned.starts, binned.counts)
-        binned.every_at[0] += binned.firsts.sum()
-        return binned
 
     def members_at(self, m: int) -> np.ndarray:
         """The tokens per bin of the m trajectories with most tokens."""
@@ -309,7 +311,7 @@ def streams_lp_s(
     """(e): (d)'s model solved as a linear program, the best over the sizes of S in
     `members`. (d) prices each token on its own, so a token outside S rides an iteration
     of S as if that iteration held one member while S's tokens sit in iterations of many
-    (benchmarks/bound_lp.py measures what that gives away: 4-7% on math). Here an
+    (benchmarks/bound_lp.py measures what that gives away: 2-6% on math). Here an
     iteration type is a degree t and an exact count p of members of S (every integer up
     to max_num_seqs, no grid): n_tp such iterations carry p n_tp tokens of S and at most
     (max_num_seqs - p) n_tp others, whose KV (at the bins' lower edges) fits the cache.
