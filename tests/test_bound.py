@@ -81,6 +81,27 @@ def test_every_policy_runs_above_the_bound_on_math(name: str) -> None:
     assert result.makespan_s >= bound["lower_bound_s"]
 
 
+def test_a_partition_of_the_batch_runs_above_the_whole_batchs_bound() -> None:
+    """`benchmarks/split_parts.py`'s schedules: the longest trajectories on TP-8s of their
+    own and the rest on the other GPUs is one schedule of the whole batch, so its slower
+    part can be no faster than the whole batch's bound, and each part no faster than
+    its own."""
+    trace = sorted(_small_math(), key=lambda s: -s.generated_tokens)
+    whole = lower_bound(trace, model="qwen3-8b", gpu="h100", num_gpus=16,
+                        tp_choices=(1, 2, 4, 8), max_num_seqs=256)  # fmt: skip
+    makespans = []
+    for part, gpus, degrees in ((trace[:16], 8, (8,)), (trace[16:], 8, (1, 2, 4, 8))):
+        own = lower_bound(part, model="qwen3-8b", gpu="h100", num_gpus=gpus,
+                          tp_choices=degrees, max_num_seqs=256)  # fmt: skip
+        context = PolicyContext(num_gpus=gpus, tp_choices=degrees, default_tp=degrees[0],
+                                truth=tuple(part))  # fmt: skip
+        result = simulate(part, create_policy("heddle-oracle", context), model="qwen3-8b",
+                          gpu="h100", num_gpus=gpus)  # fmt: skip
+        assert result.makespan_s >= own["lower_bound_s"]
+        makespans.append(result.makespan_s)
+    assert max(makespans) >= whole["lower_bound_s"]
+
+
 def test_the_streams_lp_is_at_least_the_lagrangian_on_the_same_bins() -> None:
     """(e) solves (d)'s model exactly, with integer batches, seats shared with the riders
     and the cache: on the same context bins it can only be higher, for every size of S."""
