@@ -7,7 +7,8 @@ policy is real only if it moves the mean over both by more than this spread.
 
 Prints each (trace seed, predictor seed) run's makespan and throughput over verl on the
 same trace, then per trace the spread over predictor seeds (largest makespan over
-smallest) and the mean ratio over all runs. The setting is benchmarks/paper_setting.py's.
+smallest), and the mean ratio to verl and to the lower bound over all runs. The setting
+is benchmarks/paper_setting.py's.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from concurrent.futures import ProcessPoolExecutor
 from paper_setting import BASELINE, MODELS, WORKLOADS, run_cell  # this folder's sibling
 
 
-def makespan(model: str, workload: str, seed: int, policy: str, predictor_seed: int) -> float:
-    """One run, as benchmarks/paper_setting.py runs it (400 prompts x 16, 64 GPUs)."""
+def makespan(
+    model: str, workload: str, seed: int, policy: str, predictor_seed: int
+) -> tuple[float, float]:
+    """One run, as benchmarks/paper_setting.py runs it (400 prompts x 16, 64 GPUs): the
+    makespan and the trace's lower bound."""
     cell = run_cell(model, workload, seed, 400, 16, 64, [policy], predictor_seed)
-    return float(cell["policies"][policy]["makespan_s"])
+    return float(cell["policies"][policy]["makespan_s"]), float(cell["lower_bound_s"])
 
 
 def main() -> None:
@@ -40,8 +44,9 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         base = {s: pool.submit(makespan, *common, s, BASELINE, 0) for s in seeds}
         ours = {r: pool.submit(makespan, *common, r[0], args.policy, r[1]) for r in runs}
-        verl = {s: f.result() for s, f in base.items()}
-        made = {r: f.result() for r, f in ours.items()}
+        verl = {s: f.result()[0] for s, f in base.items()}
+        made = {r: f.result()[0] for r, f in ours.items()}
+        bound = {s: base[s].result()[1] for s in seeds}
     print(f"{args.policy} on {args.model} {args.workload}: makespan (x {BASELINE}) by trace "
           f"seed and predictor seed")  # fmt: skip
     for s in seeds:
@@ -53,6 +58,9 @@ def main() -> None:
     ratios = [verl[s] / made[s, p] for s, p in runs]
     print(f"  mean x{statistics.fmean(ratios):.3f} over {len(runs)} runs "
           f"(lowest x{min(ratios):.2f}, highest x{max(ratios):.2f})")  # fmt: skip
+    over = [made[s, p] / bound[s] for s, p in runs]
+    print(f"  mean /bound {statistics.fmean(over):.3f} (lowest {min(over):.2f}, "
+          f"highest {max(over):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -426,6 +426,8 @@ class HeddlePlanner:
         self.sizes = solve(lengths, contexts, models_up, max_kv_share=KV_SHARE_CAP).sizes
         self.planned_n = max(1, len(lengths))
         self._replan_below = len(lengths) * (1 - REPLAN_FRACTION)
+        # As the forecasts sharpen, the leading groups shrink and more of them fit apart.
+        self.pinned = self._pins(contexts, models)
 
     def target(self, rank: int) -> tuple[str, float]:
         """The instance a rank maps to, with group sizes scaled to the active count,
@@ -582,17 +584,19 @@ class HeddlePlacement:
         if src is not None and dst is not None and dst.tp < src.tp and draining(instances):
             # GPUs are spare, and narrowing would undo what `_drain_moves` bought.
             return Decision(prev, reason="draining_keeps_width")
+        leaving_pin = prev in planner.pinned and target not in planner.pinned
         if (
             src is not None
             and dst is not None
             and src.tp == dst.tp
             and src.num_in_flight <= dst.num_in_flight + BUSY_SLACK
+            and not leaving_pin
         ):
             # Same width and not overloaded: a move would buy little balance for its cost.
             return Decision(prev, reason="same_width")
         if dst is not None and dst.num_in_flight > share + BUSY_SLACK:
             return Decision(prev, reason="target_busy")
-        return Decision(target, reason="rank_moved", migrate=True)
+        return Decision(target, reason="left_pinned" if leaving_pin else "rank_moved", migrate=True)
 
     def review(
         self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
@@ -620,7 +624,15 @@ class HeddlePlacement:
                 continue
             src = by_id.get(event.previous_instance or "")
             dst = by_id.get(target)
-            if src is None or dst is None or dst.tp <= src.tp:
+            if src is None or dst is None:
+                continue
+            leaving_pin = src.instance_id in planner.pinned and target not in planner.pinned
+            if leaving_pin and dst.tp == src.tp:  # its rank left the pinned tier: make room
+                target = self._least_work_of_width(target, instances, event, remaining)
+                moves[tid] = Decision(target, reason="left_pinned", migrate=True)
+                planner.book(tid, target)
+                continue
+            if dst.tp <= src.tp:
                 continue  # only widening pays for stopping a decode
             if dst.num_in_flight > share + BUSY_SLACK:
                 continue

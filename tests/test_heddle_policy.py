@@ -424,3 +424,44 @@ def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> 
     busy = [spec(f"m{i}", 8_000 + i) for i in range(3_000)]
     planner, _ = planned(busy)
     assert planner.pinned == frozenset()
+
+
+def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> None:
+    """A pinned instance keeps only the ranks the plan maps to it: one re-predicted short
+    moves out at its next step, or mid-decode at a review, though the same-width guard
+    would keep it where it is on an open instance."""
+    from heddle.types import StepSpec, TrajectorySpec
+
+    def spec(tid: str, tokens: int) -> TrajectorySpec:
+        return TrajectorySpec(
+            tid, "g", 100, (StepSpec(10, "search", 1.0, "ok", 5), StepSpec(tokens))
+        )
+
+    truth = [spec("long", 30_000), *(spec(f"s{i}", 600 + i) for i in range(300))]
+    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
+    states = [InstanceState(f"h{k}", 0, 0, 8) for k in range(4)]
+
+    def placed() -> tuple[HeddlePlanner, HeddlePlacement, str]:
+        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+        placement = HeddlePlacement(planner)
+        placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+        first = planner.instance_ids[0]
+        assert first in planner.pinned
+        assert placement.place(_event("long", 0, 0, None), states, 0.0).instance_id == first
+        return planner, placement, first
+
+    planner, placement, first = placed()
+    kept = placement.place(_event("long", 1, 100, first), states, 1.0)
+    assert (kept.instance_id, kept.reason) == (first, "rank_kept")
+    planner.truth["long"] = spec("long", 800)  # re-predicted: mid-table, 690 tokens to go
+    moved = placement.place(_event("long", 1, 100, first), states, 1.0)
+    assert moved.instance_id not in planner.pinned  # `first` among them
+    assert (moved.reason, moved.migrate) == ("left_pinned", True)
+
+    planner, placement, first = placed()
+    planner.truth["long"] = spec("long", 800)
+    decode = StepEvent("long", "g", 1, 200, 100, previous_instance=first, prompt_tokens=100,
+                       step_tokens=90)  # fmt: skip
+    moves = placement.review([decode], states, 5.0)
+    assert moves["long"].reason == "left_pinned"
+    assert moves["long"].instance_id not in planner.pinned
