@@ -11,8 +11,9 @@ policy's history is iteration 0). Running the parts apart is one schedule of the
 batch, so the slower part's makespan is what that partition achieves; each part's
 lower bound (`heddle.sim.bound.lower_bound`, on its own GPUs and degrees) says whether
 that part is close to what its GPUs allow. On 14B math seed 0 the long set is close
-(1.10x) and the rest is not (1.43x): the bulk's long trajectories drain slowly on full
-instances (docs/notes/issue-4-heddle-policy.md, ninth session).
+(1.10x) and the rest is not (1.33x; the partition is 1.42x the whole batch's bound):
+the bulk's long trajectories drain slowly on full instances
+(docs/notes/issue-4-heddle-policy.md, ninth session).
 """
 
 from __future__ import annotations
