@@ -428,6 +428,31 @@ class HeddlePlanner:
         self._replan_below = len(lengths) * (1 - REPLAN_FRACTION)
         # As the forecasts sharpen, the leading groups shrink and more of them fit apart.
         self.pinned = self._pins(contexts, models)
+        self._pool_open(lengths, contexts, models)
+
+    def _pool_open(
+        self, lengths: list[float], contexts: list[float], models: dict[int, InstanceModel]
+    ) -> None:
+        """Re-solve the group sizes with the open instances as one pool. The DP models an
+        instance as holding its group alone, but open instances of one width are balanced
+        as a pool (`HeddlePlacement._least_work_of_width`), so it mapped top ranks to an
+        open instance it thought light (32B search: ranks 2-16 to one of five open
+        TP-8s, each running 260), and an empty group there ended the pins. Pooled, the
+        DP sees what the open instances run. At re-plans only: at batch start, before the
+        first steps sharpen the forecasts, pooling lost (notes, ninth session)."""
+        assert self.layout is not None
+        tp = self.layout.tp
+        pinned = [i for i in self.instance_ids if i in self.pinned]
+        open_ = [i for i in self.instance_ids if i not in self.pinned]
+        if not pinned or not open_ or len({tp[i] for i in open_}) != 1:
+            return
+        pool = models[tp[open_[0]]].pooled(len(open_))
+        sizes = solve(lengths, contexts, [models[tp[i]] for i in pinned] + [pool],
+                      max_kv_share=KV_SHARE_CAP).sizes  # fmt: skip
+        each, extra = divmod(sizes[-1], len(open_))
+        self.instance_ids = pinned + open_
+        self.tps = tuple(tp[i] for i in self.instance_ids)
+        self.sizes = sizes[:-1] + tuple(each + (k < extra) for k in range(len(open_)))
 
     def target(self, rank: int) -> tuple[str, float]:
         """The instance a rank maps to, with group sizes scaled to the active count,

@@ -23,7 +23,7 @@ into equal-count chunks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,6 +49,21 @@ class InstanceModel:
     @classmethod
     def of(cls, cost: CostModel, max_num_seqs: int) -> InstanceModel:
         return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
+
+    def pooled(self, count: int) -> InstanceModel:
+        """`count` instances like this one, balanced as one: each runs 1/count of a group
+        (its tokens, KV and attention), each reads the weights."""
+        t = self.terms
+        terms = replace(
+            t,
+            mem_per_kv_token_s=t.mem_per_kv_token_s / count,
+            compute_per_token_s=t.compute_per_token_s / count,
+            compute_per_attended_s=t.compute_per_attended_s / count,
+            allreduce_per_token_s=t.allreduce_per_token_s / count,
+        )
+        return InstanceModel(
+            self.tp, terms, self.kv_capacity_tokens * count, self.max_num_seqs * count
+        )
 
     def _fitting(
         self, batch: np.ndarray | float, context: np.ndarray | float

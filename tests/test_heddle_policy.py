@@ -426,6 +426,35 @@ def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> 
     assert planner.pinned == frozenset()
 
 
+def test_open_instances_pool_in_the_dp_as_the_placement_balances_them() -> None:
+    """k balanced instances run a group of b requests holding KV c as each runs b/k of
+    it; after a re-plan with pins, the open instances share one pooled group evenly."""
+    base = _model(8)
+    pool = base.pooled(5)
+    for batch, context in ((5, 50_000.0), (400, 2e6), (1_280, 9e6)):
+        assert np.isclose(
+            pool.per_token_s(batch, context), base.per_token_s(batch / 5, context / 5)
+        )
+    assert (pool.max_num_seqs, pool.kv_capacity_tokens) == (
+        5 * base.max_num_seqs,
+        5 * base.kv_capacity_tokens,
+    )
+
+    from heddle.types import StepSpec, TrajectorySpec
+
+    shorts = [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(600 + i),)) for i in range(300)]
+    truth = [TrajectorySpec("long", "g", 100, (StepSpec(30_000),)), *shorts]
+    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    planner._replan()
+    assert planner.pinned
+    open_sizes = [size for iid, size in zip(planner.instance_ids, planner.sizes, strict=True)
+                  if iid not in planner.pinned]  # fmt: skip
+    assert max(open_sizes) - min(open_sizes) <= 1
+    assert sum(planner.sizes) == len(truth)
+
+
 def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> None:
     """A pinned instance keeps only the ranks the plan maps to it: one re-predicted short
     moves out at its next step, or mid-decode at a review, though the same-width guard
