@@ -23,13 +23,11 @@ import time
 
 from paper_setting import MODELS  # this folder's sibling script: the models and peers' TP
 
+from heddle.bench import run_bench
 from heddle.config import ClusterConfig
 from heddle.sim.bound import lower_bound
-from heddle.sim.simulator import Simulator
 from heddle.types import TrajectorySpec
 from heddle.workloads import generate
-from scheduler.interface import PolicyContext
-from scheduler.registry import create_policy
 
 NUM_GPUS = 64
 
@@ -40,19 +38,11 @@ def run_part(
 ) -> float:  # fmt: skip
     """Simulate and bound one part; print both and return the makespan."""
     started = time.perf_counter()
-    bound = lower_bound(specs, model=model, gpu="h100", num_gpus=gpus, tp_choices=degrees,
-                        max_num_seqs=256)["lower_bound_s"]  # fmt: skip
     cluster = ClusterConfig(
         model=model, gpu="h100", num_gpus=gpus, default_tp=degrees[0], tp_choices=degrees
     )
-    sim = Simulator(
-        trace=specs,
-        policy=create_policy(policy, PolicyContext.for_cluster(cluster, history, specs)),
-        model=model, gpu="h100", num_gpus=gpus, max_num_seqs=cluster.max_num_seqs,
-        max_num_batched_tokens=cluster.max_num_batched_tokens,
-        gpu_memory_utilization=cluster.gpu_memory_utilization,
-    )  # fmt: skip
-    result = sim.run()
+    bench = run_bench(specs, cluster, [policy], history=history)
+    bound, result = bench.lower_bound["lower_bound_s"], bench.results[policy]
     split = sorted((int(str(i["tp"])) for i in result.instances), reverse=True)
     print(f"  {name}: {len(specs):,} trajectories on {gpus} GPUs (split {split}): "
           f"makespan {result.makespan_s:.1f} s, bound {bound:.1f} s, "
