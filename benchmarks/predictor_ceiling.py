@@ -64,23 +64,31 @@ def ceiling(workload: str, prompts: int) -> None:
         workloads._trajectory = _generate_one
     memory = predictor.GroupMemory.from_history(history)
     prior_at = predictor.FEATURES.index("prior_mean")
-    print(f"\n{workload}: Pearson r on total length / longest-20% recall, after step k")
+    print(
+        f"\n{workload}: Pearson r on total length / longest-20% recall, after step k; "
+        "residual sigma (log remaining tokens) at step k"
+    )
     for hidden, name in ((0, "observable"), (2, "+difficulty,verbosity"), (3, "+turns")):
         x, y, _ = _rows(history, hidden)
         data = lightgbm.Dataset(x, y)
         booster = lightgbm.train(predictor.PARAMS, data, num_boost_round=predictor.NUM_ROUNDS)
-        xt, _, where = _rows(test, hidden)
+        xt, yt, where = _rows(test, hidden)
         for i, (t, _) in enumerate(where):
             # At prediction time the prompt's record comes from the earlier iteration.
             prior = memory.prior.get(prompt_key(test[t].group_id), (math.nan, math.nan))
             xt[i, prior_at], xt[i, prior_at + 1] = prior
-        remaining = np.expm1(booster.predict(xt)).clip(min=1.0)
+        fit = booster.predict(xt)
+        remaining = np.expm1(fit).clip(min=1.0)
         result = predictor.evaluate({"m": list(remaining)}, test)
         cells = "  ".join(
             f"@{k} {result[f'm@{k}']['pearson_r']:.3f}/{result[f'm@{k}']['tail_recall']:.3f}"
             for k in (1, 2, 3)
         )
-        print(f"  {name:22} {cells}")
+        # The residual's spread (log remaining tokens) before the first and second steps:
+        # the forecast error `benchmarks/forecast_noise.py` runs Heddle under.
+        step = np.asarray([k for _, k in where])
+        spread = "  ".join(f"sigma@{k} {(yt - fit)[step == k].std():.2f}" for k in (0, 1))
+        print(f"  {name:22} {cells}  {spread}")
 
 
 def main() -> None:

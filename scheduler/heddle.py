@@ -74,6 +74,10 @@ class HeddlePlanner:
     sizes: tuple[int, ...] = ()
     # Instances that take only the ranks the DP maps to them (`_pins`).
     pinned: frozenset[str] = frozenset()
+    # Pin the DP's first this many groups whatever the memory reads (None: `_pins`'
+    # rule). A measure, not a policy (benchmarks/forecast_noise.py): with true lengths
+    # four pins run math at 1.2x the bound, with forecasts pinning math lost every time.
+    pin_groups: int | None = None
     planned_n: int = 0
     instance_ids: list[str] = field(default_factory=list)
     layout: GpuLayout | None = None
@@ -191,6 +195,8 @@ class HeddlePlanner:
         memory reads take well under its longest trajectory alone (search: 50 s against
         121 s on 14B), GPUs are to spare, and the first groups run apart while they fit
         at once. Where reads dominate (coding, math) nothing is pinned."""
+        if self.pin_groups is not None:
+            return frozenset(self.instance_ids[: self.pin_groups])
         ctx = self.ctx
         history = ctx.history or tuple(self.truth.values())
         if not history:

@@ -425,6 +425,38 @@ def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> 
     planner, _ = planned(busy)
     assert planner.pinned == frozenset()
 
+    # `pin_groups` (a measure, benchmarks/forecast_noise.py) pins the first k whatever
+    # the reads, at batch start and at every re-plan.
+    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(busy))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in busy}, pin_groups=2)
+    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in busy])
+    assert planner.pinned == frozenset(planner.instance_ids[:2])
+    planner._replan()
+    assert planner.pinned == frozenset(planner.instance_ids[:2])
+    assert sum(planner.sizes) == len(busy)
+
+
+def test_noisy_truth_forecasts_the_truth_times_one_factor_per_trajectory() -> None:
+    """`benchmarks/forecast_noise.py`'s forecasts: exact at sigma 0; otherwise each
+    trajectory keeps one factor at every step, and the factors average one."""
+    from benchmarks.forecast_noise import NoisyTruth
+
+    truth = [r.spec for r in generate("math", prompts=100, seed=0, iteration=1)]
+    history = [r.spec for r in generate("math", prompts=100, seed=0, iteration=0)]
+    exact = NoisyTruth(truth, history, 0.0)
+    noisy = NoisyTruth(truth, history, 0.5)
+    spec = max(truth, key=lambda s: s.generated_tokens)
+    for made in (0, 1_000, 5_000):
+        event = _event(spec.trajectory_id, 0, made, None)
+        assert exact.predict(event) == spec.generated_tokens - made
+        assert noisy.predict(event) == pytest.approx(
+            (spec.generated_tokens - made) * noisy.factor[spec.trajectory_id]
+        )
+    factors = np.asarray(list(noisy.factor.values()))
+    assert abs(factors.mean() - 1.0) < 0.05
+    assert np.log(factors).std() == pytest.approx(0.5, abs=0.03)
+    assert NoisyTruth(truth, history, 0.5).factor == noisy.factor  # one draw per seed
+
 
 def test_open_instances_pool_in_the_dp_as_the_placement_balances_them() -> None:
     """k balanced instances run a group of b requests holding KV c as each runs b/k of
