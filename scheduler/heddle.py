@@ -663,11 +663,17 @@ class HeddlePlacement:
                 moves[tid] = Decision(target, reason="left_pinned", migrate=True)
                 planner.book(tid, target)
                 continue
-            if dst.tp <= src.tp:
-                continue  # only widening pays for stopping a decode
+            # Stopping a decode pays for a wider instance, or, at the same width, for a
+            # pinned one its rank entered: the mirror of leaving one (32B search seed 2:
+            # a 12,709-token first turn ranked just below the pins decoded for 176 s on
+            # a full open TP-8 beside idle pinned ones).
+            entering_pin = target in planner.pinned and src.instance_id not in planner.pinned
+            if dst.tp < src.tp or (dst.tp == src.tp and not entering_pin):
+                continue
             if dst.num_in_flight > share + BUSY_SLACK:
                 continue
-            moves[tid] = Decision(target, reason="outgrew_instance", migrate=True)
+            reason = "outgrew_instance" if dst.tp > src.tp else "entered_pinned"
+            moves[tid] = Decision(target, reason=reason, migrate=True)
             planner.book(tid, target)
         moves |= self._drain_moves(events, instances, moves)
         planner.decoding = {

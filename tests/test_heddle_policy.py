@@ -490,7 +490,8 @@ def test_open_instances_pool_in_the_dp_as_the_placement_balances_them() -> None:
 def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> None:
     """A pinned instance keeps only the ranks the plan maps to it: one re-predicted short
     moves out at its next step, or mid-decode at a review, though the same-width guard
-    would keep it where it is on an open instance."""
+    would keep it where it is on an open instance; and a decode whose rank enters the
+    pinned tier moves in at a review."""
     from heddle.types import StepSpec, TrajectorySpec
 
     def spec(tid: str, tokens: int) -> TrajectorySpec:
@@ -526,3 +527,15 @@ def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> 
     moves = placement.review([decode], states, 5.0)
     assert moves["long"].reason == "left_pinned"
     assert moves["long"].instance_id not in planner.pinned
+
+    # The mirror: a decode on an open instance whose re-prediction ranks it into the
+    # pinned tier moves there mid-decode, though the instances are as wide.
+    planner, placement, first = placed()
+    seat = placement.place(_event("s5", 0, 0, None), states, 0.0).instance_id
+    assert seat not in planner.pinned
+    planner.truth["s5"] = spec("s5", 60_000)  # its turn runs on: now the longest
+    decode = StepEvent("s5", "g", 1, 2_200, 2_100, previous_instance=seat, prompt_tokens=100,
+                       step_tokens=2_090)  # fmt: skip
+    moves = placement.review([decode], states, 5.0)
+    assert (moves["s5"].instance_id, moves["s5"].reason) == (first, "entered_pinned")
+    assert moves["s5"].migrate
