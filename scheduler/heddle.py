@@ -20,6 +20,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 
@@ -197,28 +198,80 @@ class HeddlePlanner:
         at once. Where reads dominate (coding, math) nothing is pinned."""
         if self.pin_groups is not None:
             return frozenset(self.instance_ids[: self.pin_groups])
+        pinned: set[str] = set()
+        start, gpus = 0, 0
+        for iid, tp, size in zip(self.instance_ids, self.tps, self.sizes, strict=True):
+            gpus += tp
+            if not (self._fits(models[tp], contexts[start : start + size]) and self._spare(gpus)):
+                break
+            pinned.add(iid)
+            start += size
+        return frozenset(pinned)
+
+    @cached_property
+    def _reads_and_longest(self) -> tuple[float, float] | None:
+        """The history's memory reads over every GPU and its longest trajectory alone
+        (the lower bound's terms (c) and (a)): what `_spare` weighs."""
         ctx = self.ctx
         history = ctx.history or tuple(self.truth.values())
         if not history:
-            return frozenset()
+            return None
         costs = allowed_costs(
             ctx.model, ctx.gpu, ctx.num_gpus, ctx.tp_choices, ctx.gpu_memory_utilization
         )
         reads = memory_reads_s(history, costs, num_gpus=ctx.num_gpus, max_num_seqs=ctx.max_num_seqs)
-        longest = longest_alone_s(history, costs)
-        pinned: set[str] = set()
-        start, gpus = 0, 0
-        for iid, tp, size in zip(self.instance_ids, self.tps, self.sizes, strict=True):
-            model, rest = models[tp], ctx.num_gpus - gpus - tp
-            fits = 0 < size <= model.max_num_seqs and (
-                sum(contexts[start : start + size]) <= model.kv_capacity_tokens
-            )
-            spare = rest > 0 and (reads * ctx.num_gpus / rest <= PIN_SLACK * longest)
-            if not (fits and spare):
+        return reads, longest_alone_s(history, costs)
+
+    def _spare(self, pinned_gpus: int) -> bool:
+        """Whether the GPUs left open still read the batch's memory within `PIN_SLACK` of
+        its longest trajectory alone."""
+        terms, rest = self._reads_and_longest, self.ctx.num_gpus - pinned_gpus
+        if terms is None or rest <= 0:
+            return False
+        reads, longest = terms
+        return reads * self.ctx.num_gpus / rest <= PIN_SLACK * longest
+
+    @staticmethod
+    def _fits(model: InstanceModel, group_contexts: list[float]) -> bool:
+        """A group runs apart only if it fits at once: seats and KV."""
+        size = len(group_contexts)
+        return 0 < size <= model.max_num_seqs and sum(group_contexts) <= model.kv_capacity_tokens
+
+    def _pins_by_pool(
+        self, lengths: list[float], contexts: list[float], models: dict[int, InstanceModel]
+    ) -> bool:
+        """At a re-plan, how many instances to pin: each count k, while its groups fit
+        and the open GPUs stay spare, solved with k instances of their own and the rest
+        as one pool (`InstanceModel.pooled`, as the placement balances them), and the
+        count with the shortest predicted makespan wins. `_pins` follows the plain DP's
+        groups, which model each open instance as holding its group alone, and ends at
+        the first that does not fit: on 32B search seed 0 a re-plan at 88 s dropped two
+        of three pins, the queued bulk flooded them (7-11 running to 234-259 in 10 s),
+        and the longest trajectory, just moved to one, decoded its step at 3.2x its time
+        alone. False where the instances are not all one width (no pool)."""
+        assert self.layout is not None
+        ids, tp = self.instance_ids, self.layout.tp
+        if len({tp[i] for i in ids}) != 1:
+            return False
+        model = models[tp[ids[0]]]
+        best: tuple[float, int, tuple[int, ...]] | None = None
+        for k in range(1, len(ids)):
+            if not self._spare(k * model.tp):
                 break
-            pinned.add(iid)
-            start, gpus = start + size, gpus + tp
-        return frozenset(pinned)
+            plan = solve(lengths, contexts, [model] * k + [model.pooled(len(ids) - k)],
+                         max_kv_share=KV_SHARE_CAP)  # fmt: skip
+            edges = np.cumsum((0, *plan.sizes[:k]))
+            if not all(self._fits(model, contexts[a:b]) for a, b in pairwise(edges)):
+                break
+            if best is None or plan.makespan_s < best[0]:
+                best = (plan.makespan_s, k, plan.sizes)
+        if best is None:
+            return False
+        _, k, sizes_k = best
+        self.pinned = frozenset(ids[:k])
+        each, extra = divmod(sizes_k[-1], len(ids) - k)
+        self.sizes = sizes_k[:-1] + tuple(each + (j < extra) for j in range(len(ids) - k))
+        return True
 
     def _split_planner(self) -> SplitPlanner:
         ctx = self.ctx
@@ -434,7 +487,12 @@ class HeddlePlanner:
         self._replan_below = len(lengths) * (1 - REPLAN_FRACTION)
         # As the forecasts sharpen, the leading groups shrink and more of them fit apart.
         self.pinned = self._pins(contexts, models)
-        self._pool_open(lengths, contexts, models)
+        if not (
+            self.pinned
+            and self.pin_groups is None
+            and self._pins_by_pool(lengths, contexts, models)
+        ):
+            self._pool_open(lengths, contexts, models)
 
     def _pool_open(
         self, lengths: list[float], contexts: list[float], models: dict[int, InstanceModel]

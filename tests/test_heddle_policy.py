@@ -487,6 +487,39 @@ def test_open_instances_pool_in_the_dp_as_the_placement_balances_them() -> None:
     assert sum(planner.sizes) == len(truth)
 
 
+def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> None:
+    """At a re-plan the pin count is chosen with the open instances pooled: each count
+    is solved with the rest as one pool and the fastest predicted wins. Following the
+    plain DP's groups instead, the chain ends at the first empty group: at batch start
+    here the groups are (1, 0, 1, ...), so one instance is pinned and the next nine
+    longest share the open ones with 600 shorts."""
+    from heddle.types import StepSpec, TrajectorySpec
+
+    truth = [TrajectorySpec(f"l{i}", "g", 100, (StepSpec(30_000 - 1_000 * i),)) for i in range(10)]
+    truth += [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(600 + i),)) for i in range(600)]
+    ctx = PolicyContext(num_gpus=64, tp_choices=(8,), default_tp=8, truth=tuple(truth))
+    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
+    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    assert planner.sizes[:2] == (1, 0)
+    assert len(planner.pinned) == 1
+    planner._replan()
+    k = len(planner.pinned)
+    assert planner.pinned == frozenset(planner.instance_ids[:k])
+    assert k == 5
+    assert planner.sizes[:k] == (1, 1, 1, 2, 5)
+    open_sizes = planner.sizes[k:]
+    assert max(open_sizes) - min(open_sizes) <= 1
+    assert sum(planner.sizes) == len(truth)
+    lengths, contexts = planner._forecast()
+    model = planner.instance_shapes()[0][8]
+
+    def predicted(pins: int) -> float:
+        pool = [model.pooled(8 - pins)]
+        return solve(lengths, contexts, [model] * pins + pool, max_kv_share=KV_SHARE_CAP).makespan_s
+
+    assert predicted(5) < predicted(1)
+
+
 def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> None:
     """A pinned instance keeps only the ranks the plan maps to it: one re-predicted short
     moves out at its next step, or mid-decode at a review, though the same-width guard
