@@ -67,6 +67,9 @@ SMEAR_FOLDS = 2
 # only at step boundaries never show the model a turn that has already run long (a
 # 15K-token first turn kept its prompt-only forecast and its narrow instance).
 MID_STEP_FIRST = REVIEW_MIN_TOKENS
+# A turn-in-progress level counts toward the tail floor (`RemainingPredictor.tail`) once
+# the history describes this many turns at it.
+TAIL_MIN_ROWS = 20
 
 
 @dataclass
@@ -185,12 +188,19 @@ class RemainingPredictor:
         memory: GroupMemory,
         smear: Sequence[float] = (),
         longest: float = math.inf,
+        tail: tuple[float, float] | None = None,
     ) -> None:
         self.booster = booster
         self.memory = memory
         self.smear = np.asarray(smear or [1.0] * STEP_BUCKETS, dtype=np.float64)
         # The most generated tokens of any history trajectory: a total no forecast passes.
         self.longest = longest
+        # (tokens made, remaining per token made): the longest turn in progress the
+        # history describes often enough, and its trajectories' mean remaining tokens
+        # over what the turn had made. Past it the trees cannot extrapolate (a search
+        # first turn at 8,192 tokens made was forecast 3,521 more; it made 31,808), so
+        # there a forecast is at least that ratio times what the turn has made.
+        self.tail = tail
 
     @classmethod
     def train(
@@ -221,7 +231,7 @@ class RemainingPredictor:
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
-        return cls(fit(every), GroupMemory.from_history(history), smear, longest)
+        return cls(fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y))
 
     def event_row(self, event: StepEvent) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
@@ -251,11 +261,28 @@ class RemainingPredictor:
         (the cap it was generated under is unknown, not reached)."""
         median = np.exp(self.booster.predict(rows, num_threads=1))
         expected = median * self.smear[_bucket(rows)] - 1.0
+        if self.tail is not None:
+            level, ratio = self.tail
+            made = rows[:, FEATURES.index("step_made")]
+            expected = np.where(made > level, np.maximum(expected, made * ratio), expected)
         left = self.longest - rows[:, FEATURES.index("generated")]
         return np.where(left > 0, np.minimum(expected, left), expected).clip(min=1.0)
 
     def predict(self, event: StepEvent) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
+
+
+def _tail(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """The tail floor's level and ratio (`RemainingPredictor.tail`) from training rows:
+    the most tokens made in a turn in progress that `TAIL_MIN_ROWS` rows describe, and
+    their mean remaining tokens over it."""
+    made = x[:, FEATURES.index("step_made")]
+    levels, counts = np.unique(made[made > 0], return_counts=True)
+    described = levels[counts >= TAIL_MIN_ROWS]
+    if len(described) == 0:
+        return None
+    level = float(described[-1])
+    return level, float(np.expm1(y[made == level]).mean() / level)
 
 
 def _bucket(rows: np.ndarray) -> np.ndarray:

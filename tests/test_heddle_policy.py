@@ -181,6 +181,30 @@ def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
         assert bias_expected < bias_median, k
 
 
+def test_a_turn_past_what_the_history_shows_is_forecast_from_what_it_made() -> None:
+    """Trees do not extrapolate: a search turn in progress far past the longest level
+    the history describes (4,096 tokens made here) kept the forecast of a shorter one.
+    Past that level a forecast is at least the history's remaining-per-made ratio there
+    times what the turn has made; below it the fit's forecast stands."""
+    history = [r.spec for r in generate("search", prompts=400, seed=2, iteration=0)]
+    predictor = RemainingPredictor.train(history)
+    assert predictor.tail is not None
+    level, ratio = predictor.tail
+    assert level == 4_096
+    assert ratio > 1.0
+    x, _, _ = training_rows(history, mid_step=True)
+    made_at = FEATURES.index("step_made")
+    row = x[x[:, made_at] == level][:1].copy()
+    far = row.copy()
+    far[0, made_at] = far[0, FEATURES.index("generated")] = 12_000
+    assert predictor.predict_rows(far)[0] >= 12_000 * ratio - 1e-6
+    predictor.tail = None  # the trees alone: the same forecast as at the level itself
+    assert predictor.predict_rows(far)[0] < 12_000 * ratio
+    assert predictor.predict_rows(row)[0] == pytest.approx(
+        RemainingPredictor.train(history).predict_rows(row)[0]
+    )
+
+
 def test_no_forecast_runs_past_the_longest_history_trajectory() -> None:
     """Coding prompts whose samples mostly hit the 40,000-token cap: smeared, their
     median would forecast more than any trajectory may make. Capped at what is left of
@@ -188,6 +212,7 @@ def test_no_forecast_runs_past_the_longest_history_trajectory() -> None:
     history = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=0)]
     test = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=1)]
     predictor = RemainingPredictor.train(history)
+    predictor.tail = None  # the cap alone (the tail floor: -k past_what)
     longest = max(s.generated_tokens for s in history)
     assert predictor.longest == longest
     x, _, _ = training_rows(test, mid_step=True)
