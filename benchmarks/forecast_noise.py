@@ -36,7 +36,6 @@ from heddle.sim import lower_bound, simulate
 from heddle.types import TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext, StepEvent
-from scheduler.libra import prompt_key
 from scheduler.predictor import FEATURES, GroupMemory, RemainingPredictor, training_rows
 from scheduler.registry import create_policy
 
@@ -109,10 +108,7 @@ def predictor_sigma(model: str, workload: str, seed: int) -> dict[str, float]:
     _, trace, history = paper_trace(model, workload, seed)
     predictor = RemainingPredictor.train(history)
     x, y, where = training_rows(trace, mid_step=True)
-    prior_at = FEATURES.index("prior_mean")
-    for i, (t, _) in enumerate(where):
-        prior = predictor.memory.prior.get(prompt_key(trace[t].group_id), (math.nan, math.nan))
-        x[i, prior_at], x[i, prior_at + 1] = prior
+    predictor.memory.with_prior(x, where, trace)
     residual = y - np.log1p(predictor.median_rows(x))
     step = x[:, FEATURES.index("step_index")]
     made = x[:, FEATURES.index("step_made")]

@@ -42,10 +42,7 @@ def predictor_report(workload: str, prompts: int) -> None:
     test = [r.spec for r in generate(workload, prompts=prompts, seed=0, iteration=1)]
     predictor = RemainingPredictor.train(history)
     x, _, where = training_rows(test)
-    # At prediction time the prompt record comes from the earlier iteration.
-    for i, (t, _) in enumerate(where):
-        prior = predictor.memory.prior.get(prompt_key(test[t].group_id), (math.nan, math.nan))
-        x[i, 15], x[i, 16] = prior
+    predictor.memory.with_prior(x, where, test)
     estimates: dict[str, list[float]] = {"lightgbm": list(predictor.predict_rows(x))}
     tree = PrefixTree()
     for s in history:

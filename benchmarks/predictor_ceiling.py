@@ -30,7 +30,6 @@ import numpy as np
 import heddle.workloads as workloads
 from heddle.types import TrajectorySpec
 from scheduler import predictor
-from scheduler.libra import prompt_key
 
 # trajectory id -> (log difficulty, log verbosity, planned turns)
 HIDDEN: dict[str, tuple[float, float, int]] = {}
@@ -63,7 +62,6 @@ def ceiling(workload: str, prompts: int) -> None:
     finally:
         workloads._trajectory = _generate_one
     memory = predictor.GroupMemory.from_history(history)
-    prior_at = predictor.FEATURES.index("prior_mean")
     print(
         f"\n{workload}: Pearson r on total length / longest-20% recall, after step k; "
         "residual sigma (log remaining tokens) at step k"
@@ -73,10 +71,7 @@ def ceiling(workload: str, prompts: int) -> None:
         data = lightgbm.Dataset(x, y)
         booster = lightgbm.train(predictor.PARAMS, data, num_boost_round=predictor.NUM_ROUNDS)
         xt, yt, where = _rows(test, hidden)
-        for i, (t, _) in enumerate(where):
-            # At prediction time the prompt's record comes from the earlier iteration.
-            prior = memory.prior.get(prompt_key(test[t].group_id), (math.nan, math.nan))
-            xt[i, prior_at], xt[i, prior_at + 1] = prior
+        memory.with_prior(xt, where, test)  # the earlier iteration's record, as at run time
         fit = booster.predict(xt)
         remaining = np.expm1(fit).clip(min=1.0)
         result = predictor.evaluate({"m": list(remaining)}, test)

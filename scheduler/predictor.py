@@ -90,6 +90,18 @@ class GroupMemory:
     def sibling_finished(self, group_id: str, generated_tokens: int) -> None:
         self.finished[group_id].append(generated_tokens)
 
+    def with_prior(
+        self, rows: np.ndarray, where: Sequence[tuple[int, int]], specs: Sequence[TrajectorySpec]
+    ) -> np.ndarray:
+        """`training_rows` of a new iteration (`where` and `specs` as it returned them)
+        with the prompt record Heddle sees when it runs, this memory's (the earlier
+        iteration's), in place of the group's leave-one-out record; in place."""
+        at = FEATURES.index("prior_mean")
+        for i, (t, _) in enumerate(where):
+            record = self.prior.get(prompt_key(specs[t].group_id), (math.nan, math.nan))
+            rows[i, at], rows[i, at + 1] = record
+        return rows
+
 
 def _mean_p90(values: Sequence[int]) -> tuple[float, float]:
     ordered = sorted(values)
