@@ -269,8 +269,7 @@ class HeddlePlanner:
             return False
         _, k, sizes_k = best
         self.pinned = frozenset(ids[:k])
-        each, extra = divmod(sizes_k[-1], len(ids) - k)
-        self.sizes = sizes_k[:-1] + tuple(each + (j < extra) for j in range(len(ids) - k))
+        self.sizes = _spread_pool(sizes_k, len(ids) - k)
         return True
 
     def _split_planner(self) -> SplitPlanner:
@@ -513,10 +512,9 @@ class HeddlePlanner:
         pool = models[tp[open_[0]]].pooled(len(open_))
         sizes = solve(lengths, contexts, [models[tp[i]] for i in pinned] + [pool],
                       max_kv_share=KV_SHARE_CAP).sizes  # fmt: skip
-        each, extra = divmod(sizes[-1], len(open_))
         self.instance_ids = pinned + open_
         self.tps = tuple(tp[i] for i in self.instance_ids)
-        self.sizes = sizes[:-1] + tuple(each + (k < extra) for k in range(len(open_)))
+        self.sizes = _spread_pool(sizes, len(open_))
 
     def target(self, rank: int) -> tuple[str, float]:
         """The instance a rank maps to, with group sizes scaled to the active count,
@@ -530,6 +528,13 @@ class HeddlePlanner:
             if rank < edge:
                 return iid, size * scale
         return self.instance_ids[-1], self.sizes[-1] * scale
+
+
+def _spread_pool(sizes: tuple[int, ...], open_count: int) -> tuple[int, ...]:
+    """Sizes solved with the open instances as one pooled group, last: that group split
+    evenly over the instances it stands for, as the placement balances them."""
+    each, extra = divmod(sizes[-1], open_count)
+    return sizes[:-1] + tuple(each + (k < extra) for k in range(open_count))
 
 
 @dataclass
