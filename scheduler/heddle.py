@@ -29,7 +29,7 @@ from heddle.sim.bound import allowed_costs, longest_alone_s, memory_reads_s
 from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, Reshape, StepEvent
 from scheduler.placement import least_loaded
-from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, solve
+from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, solve, solve_leading
 from scheduler.predictor import RemainingPredictor
 from scheduler.reshape import GpuLayout, merges_that_pay
 from scheduler.resources import SplitPlanner
@@ -243,28 +243,30 @@ class HeddlePlanner:
         """At a re-plan, how many instances to pin: each count k, while its groups fit
         and the open GPUs stay spare, solved with k instances of their own and the rest
         as one pool (`InstanceModel.pooled`, as the placement balances them), and the
-        count with the shortest predicted makespan wins. `_pins` follows the plain DP's
-        groups, which model each open instance as holding its group alone, and ends at
-        the first that does not fit: on 32B search seed 0 a re-plan at 88 s dropped two
-        of three pins, the queued bulk flooded them (7-11 running to 234-259 in 10 s),
-        and the longest trajectory, just moved to one, decoded its step at 3.2x its time
-        alone. False where the instances are not all one width (no pool)."""
+        count with the shortest predicted makespan wins; on a tie (the longest trajectory
+        alone is the slowest group), the one whose rest runs fastest (`solve_leading`).
+        `_pins` follows the plain DP's groups, which model each open instance as holding
+        its group alone, and ends at the first that does not fit: on 32B search seed 0 a
+        re-plan at 88 s dropped two of three pins, the queued bulk flooded them (7-11
+        running to 234-259 in 10 s), and the longest trajectory, just moved to one,
+        decoded its step at 3.2x its time alone. False where the instances are not all
+        one width (no pool)."""
         assert self.layout is not None
         ids, tp = self.instance_ids, self.layout.tp
         if len({tp[i] for i in ids}) != 1:
             return False
         model = models[tp[ids[0]]]
-        best: tuple[float, int, tuple[int, ...]] | None = None
+        best: tuple[tuple[float, ...], int, tuple[int, ...]] | None = None
         for k in range(1, len(ids)):
             if not self._spare(k * model.tp):
                 break
-            plan = solve(lengths, contexts, [model] * k + [model.pooled(len(ids) - k)],
-                         max_kv_share=KV_SHARE_CAP)  # fmt: skip
+            plan = solve_leading(lengths, contexts, [model] * k + [model.pooled(len(ids) - k)],
+                                 max_kv_share=KV_SHARE_CAP)  # fmt: skip
             edges = np.cumsum((0, *plan.sizes[:k]))
             if not all(self._fits(model, contexts[a:b]) for a, b in pairwise(edges)):
                 break
-            if best is None or plan.makespan_s < best[0]:
-                best = (plan.makespan_s, k, plan.sizes)
+            if best is None or plan.key < best[0]:
+                best = (plan.key, k, plan.sizes)
         if best is None:
             return False
         _, k, sizes_k = best

@@ -110,10 +110,17 @@ class InstanceModel:
 @dataclass(frozen=True)
 class Partition:
     """Group sizes (in trajectories), one per instance in the order given, and the
-    predicted makespan."""
+    predicted makespan. From `solve_leading`, `rest_s`: the makespan of the groups after
+    each leading group that is the slowest (what orders partitions that tie)."""
 
     sizes: tuple[int, ...]
     makespan_s: float
+    rest_s: tuple[float, ...] = ()
+
+    @property
+    def key(self) -> tuple[float, ...]:
+        """Makespan, then the rest's, each to the microsecond: smaller is better."""
+        return tuple(round(t, 6) for t in (self.makespan_s, *self.rest_s))
 
 
 def _aggregate(
@@ -221,6 +228,33 @@ def solve(
     if i != 0:
         raise AssertionError("the partition does not cover every trajectory")
     return Partition(tuple(reversed(sizes)), float(dp_prev[n]))
+
+
+def solve_leading(
+    lengths_desc: Sequence[float],
+    contexts: Sequence[float],
+    instances: Sequence[InstanceModel],
+    **options: float | int | None,
+) -> Partition:
+    """`solve`, with its ties ordered. When the first group is the slowest (late in a
+    batch, the longest trajectory alone), the objective cannot see how the rest is
+    split, and `solve` returns any split of it: over three pinned instances and an open
+    pool, 32B search got (1, 0, 11, rest), an empty pin that lost to two pins on a tie,
+    and the pinned instance was flooded by the queued bulk until the next re-plan. So,
+    while the leading group is the slowest, it is kept and the rest solved again on the
+    remaining instances (its own KV cap, from its own totals); `rest_s` holds each
+    rest's makespan."""
+    plan = solve(lengths_desc, contexts, instances, **options)  # type: ignore[arg-type]
+    first = plan.sizes[0] if plan.sizes else 0
+    if len(instances) < 2 or first == 0 or first >= len(lengths_desc):
+        return plan
+    head = instances[0].group_time_s(
+        lengths_desc[0], sum(lengths_desc[:first]), first, sum(contexts[:first])
+    )
+    if float(head) < plan.makespan_s * (1 - 1e-9):
+        return plan
+    rest = solve_leading(lengths_desc[first:], contexts[first:], instances[1:], **options)
+    return Partition((first, *rest.sizes), plan.makespan_s, (rest.makespan_s, *rest.rest_s))
 
 
 def brute_force(

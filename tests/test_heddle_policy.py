@@ -15,7 +15,13 @@ from heddle.types import RolloutOptions
 from heddle.workloads import generate
 from scheduler.heddle import HeddlePlacement, HeddlePlanner
 from scheduler.interface import InstanceState, PolicyContext, StepEvent
-from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, brute_force, solve
+from scheduler.placement_dp import (
+    KV_SHARE_CAP,
+    InstanceModel,
+    brute_force,
+    solve,
+    solve_leading,
+)
 from scheduler.predictor import (
     FEATURES,
     NUM_ROUNDS,
@@ -45,6 +51,51 @@ def test_dp_is_optimal_on_small_cases() -> None:
         part = solve(lengths, contexts, models)
         assert sum(part.sizes) == n
         assert part.makespan_s == pytest.approx(brute_force(lengths, contexts, models), rel=1e-9)
+
+
+def _group_times(
+    lengths: list[float], contexts: list[float], models: list[InstanceModel], sizes: tuple[int, ...]
+) -> list[float]:
+    edges = np.cumsum((0, *sizes))
+    return [
+        float(m.group_time_s(lengths[a], sum(lengths[a:b]), b - a, sum(contexts[a:b])))
+        if b > a
+        else 0.0
+        for m, a, b in zip(models, edges[:-1], edges[1:], strict=True)
+    ]
+
+
+def test_ties_behind_a_slowest_first_group_are_split_for_the_rest() -> None:
+    """The longest alone is the slowest group: `solve` leaves the second of three
+    instances empty (any split of the rest ties), `solve_leading` splits the rest as
+    the DP would on its own, and on small cases each rest is the brute-force optimum."""
+    lengths, contexts = [40_000.0] + [3_000.0] * 12, [20_000.0] + [2_000.0] * 12
+    models = [_model(8)] * 3
+    plain, leading = solve(lengths, contexts, models), solve_leading(lengths, contexts, models)
+    assert plain.sizes == (1, 0, 12)
+    assert leading.sizes == (1, 6, 6)
+    assert leading.makespan_s == plain.makespan_s
+    times = _group_times(lengths, contexts, models, leading.sizes)
+    assert max(times[1:]) < max(_group_times(lengths, contexts, models, plain.sizes)[1:])
+    rng, checked = random.Random(1), 0
+    for _ in range(300):
+        n, m = rng.randint(2, 8), rng.randint(2, 4)
+        lengths = sorted((rng.lognormvariate(7, 1.5) for _ in range(n)), reverse=True)
+        contexts = [rng.randint(100, 3000) + x / 2 for x in lengths]
+        models = [
+            _model(tp) for tp in sorted((rng.choice([1, 2, 4]) for _ in range(m)), reverse=True)
+        ]
+        part = solve_leading(lengths, contexts, models)
+        assert sum(part.sizes) == n
+        assert part.makespan_s == pytest.approx(brute_force(lengths, contexts, models), rel=1e-9)
+        if part.rest_s:
+            first = part.sizes[0]
+            best_rest = brute_force(lengths[first:], contexts[first:], models[1:])
+            assert part.rest_s[0] == pytest.approx(best_rest, rel=1e-9)
+            times = _group_times(lengths, contexts, models, part.sizes)
+            assert max(times[1:]) == pytest.approx(best_rest, rel=1e-9)
+            checked += 1
+    assert checked > 30
 
 
 def test_dp_groups_longest_on_the_widest_and_rejects_unsorted() -> None:
@@ -530,8 +581,8 @@ def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> Non
     planner._replan()
     k = len(planner.pinned)
     assert planner.pinned == frozenset(planner.instance_ids[:k])
-    assert k == 5
-    assert planner.sizes[:k] == (1, 1, 1, 2, 5)
+    assert k == 7
+    assert planner.sizes[:k] == (1, 1, 1, 1, 1, 2, 3)
     open_sizes = planner.sizes[k:]
     assert max(open_sizes) - min(open_sizes) <= 1
     assert sum(planner.sizes) == len(truth)
@@ -543,6 +594,9 @@ def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> Non
         return solve(lengths, contexts, [model] * pins + pool, max_kv_share=KV_SHARE_CAP).makespan_s
 
     assert predicted(5) < predicted(1)
+    # Five pins and seven tie (the longest alone is the slowest group); with seven the
+    # next longest run apart too (`solve_leading`).
+    assert predicted(7) == pytest.approx(predicted(5), rel=1e-9)
 
 
 def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> None:
