@@ -39,15 +39,21 @@ def _model(tp: int, model: str = "qwen3-8b") -> InstanceModel:
     return InstanceModel.of(CostModel.for_names(model, "h100", tp), 256)
 
 
+def _small_case(
+    rng: random.Random, n: int, m: int, sigma: float
+) -> tuple[list[float], list[float], list[InstanceModel]]:
+    """n lognormal lengths sorted longest first, their contexts, m instances widest first."""
+    lengths = sorted((rng.lognormvariate(7, sigma) for _ in range(n)), reverse=True)
+    contexts = [rng.randint(100, 3000) + x / 2 for x in lengths]
+    widths = sorted((rng.choice([1, 2, 4]) for _ in range(m)), reverse=True)
+    return lengths, contexts, [_model(tp) for tp in widths]
+
+
 def test_dp_is_optimal_on_small_cases() -> None:
     rng = random.Random(0)
     for _ in range(300):
-        n, m = rng.randint(1, 9), rng.randint(1, 4)
-        lengths = sorted((rng.lognormvariate(7, 1.2) for _ in range(n)), reverse=True)
-        contexts = [rng.randint(100, 3000) + x / 2 for x in lengths]
-        models = [
-            _model(tp) for tp in sorted((rng.choice([1, 2, 4]) for _ in range(m)), reverse=True)
-        ]
+        n = rng.randint(1, 9)
+        lengths, contexts, models = _small_case(rng, n, rng.randint(1, 4), 1.2)
         part = solve(lengths, contexts, models)
         assert sum(part.sizes) == n
         assert part.makespan_s == pytest.approx(brute_force(lengths, contexts, models), rel=1e-9)
@@ -79,12 +85,8 @@ def test_ties_behind_a_slowest_first_group_are_split_for_the_rest() -> None:
     assert max(times[1:]) < max(_group_times(lengths, contexts, models, plain.sizes)[1:])
     rng, checked = random.Random(1), 0
     for _ in range(300):
-        n, m = rng.randint(2, 8), rng.randint(2, 4)
-        lengths = sorted((rng.lognormvariate(7, 1.5) for _ in range(n)), reverse=True)
-        contexts = [rng.randint(100, 3000) + x / 2 for x in lengths]
-        models = [
-            _model(tp) for tp in sorted((rng.choice([1, 2, 4]) for _ in range(m)), reverse=True)
-        ]
+        n = rng.randint(2, 8)
+        lengths, contexts, models = _small_case(rng, n, rng.randint(2, 4), 1.5)
         part = solve_leading(lengths, contexts, models)
         assert sum(part.sizes) == n
         assert part.makespan_s == pytest.approx(brute_force(lengths, contexts, models), rel=1e-9)
