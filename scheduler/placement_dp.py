@@ -234,17 +234,18 @@ def solve_leading(
     lengths_desc: Sequence[float],
     contexts: Sequence[float],
     instances: Sequence[InstanceModel],
-    **options: float | int | None,
+    *,
+    max_kv_share: float | None = None,
 ) -> Partition:
     """`solve`, with its ties ordered. When the first group is the slowest (late in a
     batch, the longest trajectory alone), the objective cannot see how the rest is
     split, and `solve` returns any split of it: over three pinned instances and an open
-    pool, 32B search got (1, 0, 11, rest), an empty pin that lost to two pins on a tie,
-    and the pinned instance was flooded by the queued bulk until the next re-plan. So,
+    pool, 32B search got (1, 0, 11, rest), whose empty pin lost to two pins on the tie,
+    and the instance un-pinned filled with the queued bulk until the next re-plan. So,
     while the leading group is the slowest, it is kept and the rest solved again on the
     remaining instances (its own KV cap, from its own totals); `rest_s` holds each
     rest's makespan."""
-    plan = solve(lengths_desc, contexts, instances, **options)  # type: ignore[arg-type]
+    plan = solve(lengths_desc, contexts, instances, max_kv_share=max_kv_share)
     first = plan.sizes[0] if plan.sizes else 0
     if len(instances) < 2 or first == 0 or first >= len(lengths_desc):
         return plan
@@ -253,7 +254,9 @@ def solve_leading(
     )
     if float(head) < plan.makespan_s * (1 - 1e-9):
         return plan
-    rest = solve_leading(lengths_desc[first:], contexts[first:], instances[1:], **options)
+    rest = solve_leading(
+        lengths_desc[first:], contexts[first:], instances[1:], max_kv_share=max_kv_share
+    )
     return Partition((first, *rest.sizes), plan.makespan_s, (rest.makespan_s, *rest.rest_s))
 
 
