@@ -7,7 +7,13 @@ import pytest
 
 from engines.costmodel import CostModel
 from heddle.sim import lower_bound, simulate
-from heddle.sim.bound import allowed_costs, attended_tokens, streams_lp_s, streams_s
+from heddle.sim.bound import (
+    allowed_costs,
+    apart_floor_s,
+    attended_tokens,
+    streams_lp_s,
+    streams_s,
+)
 from heddle.types import StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext
@@ -100,6 +106,27 @@ def test_a_partition_of_the_batch_runs_above_the_whole_batchs_bound() -> None:
         assert result.makespan_s >= own["lower_bound_s"]
         makespans.append(result.makespan_s)
     assert max(makespans) >= whole["lower_bound_s"]
+
+
+def test_a_schedule_that_keeps_the_longest_apart_runs_above_the_apart_floor() -> None:
+    """`benchmarks/apart_floor.py`'s floor: the batch split over two TP-8 instances, the
+    two longest on different ones (each half simulated on its own instance), finishes
+    no sooner than the floor for two instances; one instance running it all, no sooner
+    than the floor for one. On math the floor is well above the batch's bound."""
+    trace = sorted(_small_math(), key=lambda s: -s.generated_tokens)
+    cost = CostModel.for_names("qwen3-8b", "h100", 8)
+    context = PolicyContext(num_gpus=8, tp_choices=(8,), default_tp=8)
+
+    def run(part: list[TrajectorySpec]) -> float:
+        return simulate(part, create_policy("verl", context), model="qwen3-8b", gpu="h100",
+                        num_gpus=8).makespan_s  # fmt: skip
+
+    apart = max(run(trace[0::2]), run(trace[1::2]))
+    assert apart >= apart_floor_s(trace, cost, 2)
+    assert run(trace) >= apart_floor_s(trace, cost, 1)
+    bound = lower_bound(trace, model="qwen3-8b", gpu="h100", num_gpus=16, tp_choices=(8,),
+                        max_num_seqs=256)  # fmt: skip
+    assert apart_floor_s(trace, cost, 2) > 1.1 * bound["lower_bound_s"]
 
 
 def test_the_streams_lp_is_at_least_the_lagrangian_on_the_same_bins() -> None:

@@ -108,6 +108,31 @@ def _first_token_s(cost: CostModel, new_tokens: int, context: int) -> float:
     )
 
 
+def apart_floor_s(specs: Sequence[TrajectorySpec], cost: CostModel, instances: int) -> float:
+    """Not a bound on every schedule: the floor of those that run the batch on
+    `instances` instances shaped as `cost` and never put two of its `instances` longest
+    trajectories on one instance at once (as a balanced placement does when nothing
+    tells them from the rest; `benchmarks/apart_floor.py`). An iteration costs at least
+    the weights, the all-reduce latency and the overhead, plus each decode token's KV
+    reads (the first token of a turn excepted: it may be recomputed instead) and every
+    token's all-reduce share. An instance runs at least as many iterations as a
+    trajectory it runs has tokens there, so the instances run at least the longest's
+    tokens in iterations between them, and every token's share is paid somewhere."""
+    t = cost.terms
+    fixed = t.mem_base_s + t.allreduce_base_s + t.overhead_s
+    longest = sorted((s.generated_tokens for s in specs), reverse=True)[:instances]
+    shares = 0.0
+    for spec in specs:
+        context = spec.prompt_tokens
+        for step in spec.steps:
+            n = step.output_tokens
+            decoded = max(n - 1, 0)
+            read = decoded * context + decoded * (decoded - 1) / 2
+            shares += read * t.mem_per_kv_token_s + n * t.allreduce_per_token_s
+            context += n + step.tool_output_tokens
+    return (fixed * sum(longest) + shares) / instances
+
+
 def longest_alone_s(specs: Sequence[TrajectorySpec], costs: Sequence[CostModel]) -> float:
     """(a): the longest trajectory alone at the degree that runs it fastest."""
     return max(min(trajectory_alone_s(s, c) for c in costs) for s in specs)
