@@ -18,12 +18,18 @@ That is the floor for every schedule that keeps the n longest apart, as a balanc
 placement does when nothing tells them from the rest; a schedule beats it only by
 putting long trajectories together on few instances, so that the others run the bulk
 in few, full iterations (what heddle-oracle's pins do with true lengths). Prints, per
-trace, the batch's lower bound, this floor, and the policy's makespan over each.
+trace, the batch's lower bound, this floor, and the policy's makespan over each; with
+`--concentrate`, also the lowest floor over schedules that split the instances in two
+and put one set of trajectories together on the first part: the longest prompts by
+their samples' lengths in the earlier iteration (what is known before the first step),
+or the longest trajectories themselves (the truth).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
 from paper_setting import MODELS, WORKLOADS, run_cell  # this folder's sibling
@@ -32,6 +38,7 @@ from engines.costmodel import CostModel
 from heddle.sim.bound import apart_floor_s
 from heddle.types import TrajectorySpec
 from heddle.workloads import generate
+from scheduler.libra import prompt_key
 
 NUM_GPUS, WIDEST = 64, 8
 
@@ -40,6 +47,43 @@ def floor_s(specs: list[TrajectorySpec], model: str) -> float:
     """The floor above for `NUM_GPUS` as instances of degree `WIDEST`."""
     cost = CostModel.for_names(model, "h100", WIDEST)
     return apart_floor_s(specs, cost, NUM_GPUS // WIDEST)
+
+
+def best_split_s(
+    specs: list[TrajectorySpec], model: str, parts: list[list[TrajectorySpec]]
+) -> tuple[float, int, int]:
+    """The lowest floor over splits of the instances in two: parts[:k] together on h
+    instances, the rest on the others, each part keeping its own longest apart (a
+    schedule that puts long trajectories together on purpose). Returns the floor, k
+    and h."""
+    cost, n = CostModel.for_names(model, "h100", WIDEST), NUM_GPUS // WIDEST
+    best = (apart_floor_s(specs, cost, n), 0, 0)
+    for k in sorted({round(len(parts) * q) for q in (0.005, 0.01, 0.02, 0.03, 0.05, 0.1,
+                                                      0.15, 0.2, 0.3, 0.4)} - {0}):  # fmt: skip
+        together = [s for part in parts[:k] for s in part]
+        rest = [s for part in parts[k:] for s in part]
+        for h in range(1, n):
+            floor = max(apart_floor_s(together, cost, h), apart_floor_s(rest, cost, n - h))
+            best = min(best, (floor, k, h))
+    return best
+
+
+def concentrations(model: str, workload: str, seed: int) -> tuple[float, float]:
+    """`best_split_s` with what a scheduler knows before the first step, the prompts
+    ranked by their samples' mean length in the earlier iteration (whole GRPO groups
+    together), and with the truth, trajectories ranked by their length."""
+    trace = [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=1)]
+    history = [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=0)]
+    earlier: dict[str, list[int]] = defaultdict(list)
+    for spec in history:
+        earlier[prompt_key(spec.group_id)].append(spec.generated_tokens)
+    groups: dict[str, list[TrajectorySpec]] = defaultdict(list)
+    for spec in trace:
+        groups[prompt_key(spec.group_id)].append(spec)
+    by_prompt = sorted(groups.values(), key=lambda g: -statistics.fmean(
+        earlier.get(prompt_key(g[0].group_id), [0])))  # fmt: skip
+    by_length = [[s] for s in sorted(trace, key=lambda s: -s.generated_tokens)]
+    return best_split_s(trace, model, by_prompt)[0], best_split_s(trace, model, by_length)[0]
 
 
 def one(model: str, workload: str, seed: int, policy: str) -> tuple[float, float, float]:
@@ -57,6 +101,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="trace seeds 0..N-1")
     parser.add_argument("--policy", default="heddle")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--concentrate", action="store_true", help="also schedules that put long ones together"
+    )
     args = parser.parse_args()
     runs = [(m, s) for m in args.model or sorted(MODELS) for s in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -70,6 +117,20 @@ def main() -> None:
     for (model, seed), (bound, floor, made) in results.items():
         print(f"{model + ' s' + str(seed):>16} {bound:8.1f} {floor:8.1f} {floor / bound:11.3f} "
               f"{made:10.1f} {made / floor:7.3f} {made / bound:7.3f}")  # fmt: skip
+    if not args.concentrate:
+        return
+    with ProcessPoolExecutor(args.jobs) as pool:
+        split = {r: pool.submit(concentrations, r[0], args.workload, r[1]) for r in runs}
+        lowest = {r: f.result() for r, f in split.items()}
+    print(
+        "the lowest floor, over the bound, when long ones are put together on some of the "
+        "instances, chosen by their prompts' earlier lengths or by their own true lengths"
+    )
+    print(f"{'trace':>16} {'apart':>7} {'by prompt':>10} {'by truth':>9}")
+    for (model, seed), (bound, floor, _) in results.items():
+        prompt, truth = lowest[model, seed]
+        print(f"{model + ' s' + str(seed):>16} {floor / bound:7.3f} {prompt / bound:10.3f} "
+              f"{truth / bound:9.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":
