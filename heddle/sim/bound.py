@@ -121,15 +121,10 @@ def apart_floor_s(specs: Sequence[TrajectorySpec], cost: CostModel, instances: i
     t = cost.terms
     fixed = t.mem_base_s + t.allreduce_base_s + t.overhead_s
     longest = sorted((s.generated_tokens for s in specs), reverse=True)[:instances]
-    shares = 0.0
-    for spec in specs:
-        context = spec.prompt_tokens
-        for step in spec.steps:
-            n = step.output_tokens
-            decoded = max(n - 1, 0)
-            read = decoded * context + decoded * (decoded - 1) / 2
-            shares += read * t.mem_per_kv_token_s + n * t.allreduce_per_token_s
-            context += n + step.tool_output_tokens
+    shares = sum(
+        attended_tokens(s) * t.mem_per_kv_token_s + s.generated_tokens * t.allreduce_per_token_s
+        for s in specs
+    )
     return (fixed * sum(longest) + shares) / instances
 
 
