@@ -111,7 +111,8 @@ class InstanceModel:
 class Partition:
     """Group sizes (in trajectories), one per instance in the order given, and the
     predicted makespan. From `solve_leading`, `rest_s`: the makespan of the groups after
-    each leading group that is the slowest (what orders partitions that tie)."""
+    the first, then, while the first is the slowest, of those after the next, and so on
+    (what orders partitions that tie)."""
 
     sizes: tuple[int, ...]
     makespan_s: float
@@ -246,14 +247,16 @@ def solve_leading(
     remaining instances (its own KV cap, from its own totals); `rest_s` holds each
     rest's makespan."""
     plan = solve(lengths_desc, contexts, instances, max_kv_share=max_kv_share)
-    first = plan.sizes[0] if plan.sizes else 0
-    if len(instances) < 2 or first == 0 or first >= len(lengths_desc):
+    if len(instances) < 2:
         return plan
+    first = plan.sizes[0]
+    if first >= len(lengths_desc):  # nothing after the first group
+        return replace(plan, rest_s=(0.0,))
     head = instances[0].group_time_s(
         lengths_desc[0], sum(lengths_desc[:first]), first, sum(contexts[:first])
     )
-    if float(head) < plan.makespan_s * (1 - 1e-9):
-        return plan
+    if first == 0 or float(head) < plan.makespan_s * (1 - 1e-9):
+        return replace(plan, rest_s=(plan.makespan_s,))  # the slowest group is in the rest
     rest = solve_leading(
         lengths_desc[first:], contexts[first:], instances[1:], max_kv_share=max_kv_share
     )
