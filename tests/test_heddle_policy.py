@@ -80,6 +80,7 @@ def test_ties_behind_a_slowest_first_group_are_split_for_the_rest() -> None:
     plain, leading = solve(lengths, contexts, models), solve_leading(lengths, contexts, models)
     assert plain.sizes == (1, 0, 12)
     assert leading.sizes == (1, 6, 6)
+    assert solve_leading(lengths, contexts, models, depth=0).sizes == plain.sizes  # no chain
     assert leading.makespan_s == plain.makespan_s
     times = _group_times(lengths, contexts, models, leading.sizes)
     assert max(times[1:]) < max(_group_times(lengths, contexts, models, plain.sizes)[1:])
@@ -584,7 +585,7 @@ def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> Non
     k = len(planner.pinned)
     assert planner.pinned == frozenset(planner.instance_ids[:k])
     assert k == 7
-    assert planner.sizes[:k] == (1, 1, 1, 1, 1, 2, 3)
+    assert planner.sizes[:k] == (1, 1, 1, 1, 1, 1, 4)
     open_sizes = planner.sizes[k:]
     assert max(open_sizes) - min(open_sizes) <= 1
     assert sum(planner.sizes) == len(truth)
