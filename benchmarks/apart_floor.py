@@ -32,48 +32,41 @@ import statistics
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-from paper_setting import MODELS, WORKLOADS, run_cell  # this folder's sibling
+from paper_setting import MODELS, WORKLOADS, paper_traces, run_cell  # this folder's sibling
 
 from engines.costmodel import CostModel
 from heddle.sim.bound import apart_floor_s
 from heddle.types import TrajectorySpec
-from heddle.workloads import generate
 from scheduler.libra import prompt_key
 
 NUM_GPUS, WIDEST = 64, 8
 
 
-def floor_s(specs: list[TrajectorySpec], model: str) -> float:
-    """The floor above for `NUM_GPUS` as instances of degree `WIDEST`."""
-    cost = CostModel.for_names(model, "h100", WIDEST)
-    return apart_floor_s(specs, cost, NUM_GPUS // WIDEST)
-
-
 def best_split_s(
-    specs: list[TrajectorySpec], model: str, parts: list[list[TrajectorySpec]]
-) -> tuple[float, int, int]:
+    specs: list[TrajectorySpec], cost: CostModel, parts: list[list[TrajectorySpec]]
+) -> float:
     """The lowest floor over splits of the instances in two: parts[:k] together on h
     instances, the rest on the others, each part keeping its own longest apart (a
-    schedule that puts long trajectories together on purpose). Returns the floor, k
-    and h."""
-    cost, n = CostModel.for_names(model, "h100", WIDEST), NUM_GPUS // WIDEST
-    best = (apart_floor_s(specs, cost, n), 0, 0)
+    schedule that puts long trajectories together on purpose); keeping all apart
+    included."""
+    n = NUM_GPUS // WIDEST
+    best = apart_floor_s(specs, cost, n)
     for k in sorted({round(len(parts) * q) for q in (0.005, 0.01, 0.02, 0.03, 0.05, 0.1,
                                                       0.15, 0.2, 0.3, 0.4)} - {0}):  # fmt: skip
         together = [s for part in parts[:k] for s in part]
         rest = [s for part in parts[k:] for s in part]
         for h in range(1, n):
-            floor = max(apart_floor_s(together, cost, h), apart_floor_s(rest, cost, n - h))
-            best = min(best, (floor, k, h))
+            best = min(best, max(apart_floor_s(together, cost, h),
+                                 apart_floor_s(rest, cost, n - h)))  # fmt: skip
     return best
 
 
-def concentrations(model: str, workload: str, seed: int) -> tuple[float, float]:
+def concentrations(
+    trace: list[TrajectorySpec], history: list[TrajectorySpec], cost: CostModel
+) -> tuple[float, float]:
     """`best_split_s` with what a scheduler knows before the first step, the prompts
     ranked by their samples' mean length in the earlier iteration (whole GRPO groups
     together), and with the truth, trajectories ranked by their length."""
-    trace = [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=1)]
-    history = [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=0)]
     earlier: dict[str, list[int]] = defaultdict(list)
     for spec in history:
         earlier[prompt_key(spec.group_id)].append(spec.generated_tokens)
@@ -83,15 +76,21 @@ def concentrations(model: str, workload: str, seed: int) -> tuple[float, float]:
     by_prompt = sorted(groups.values(), key=lambda g: -statistics.fmean(
         earlier.get(prompt_key(g[0].group_id), [0])))  # fmt: skip
     by_length = [[s] for s in sorted(trace, key=lambda s: -s.generated_tokens)]
-    return best_split_s(trace, model, by_prompt)[0], best_split_s(trace, model, by_length)[0]
+    return best_split_s(trace, cost, by_prompt), best_split_s(trace, cost, by_length)
 
 
-def one(model: str, workload: str, seed: int, policy: str) -> tuple[float, float, float]:
-    """The trace's lower bound, its apart floor, and the policy's makespan on it."""
+def one(
+    model: str, workload: str, seed: int, policy: str, concentrate: bool
+) -> tuple[float, float, float, tuple[float, float] | None]:
+    """The trace's lower bound, its apart floor, the policy's makespan on it and, with
+    `concentrate`, the lowest floors by prompt and by truth (`concentrations`)."""
     cell = run_cell(model, workload, seed, 400, 16, NUM_GPUS, [policy])
-    trace = [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=1)]
+    trace, history = paper_traces(workload, seed)
+    cost = CostModel.for_names(model, "h100", WIDEST)
+    floor = apart_floor_s(trace, cost, NUM_GPUS // WIDEST)
     made = float(cell["policies"][policy]["makespan_s"])
-    return float(cell["lower_bound_s"]), floor_s(trace, model), made
+    lowest = concentrations(trace, history, cost) if concentrate else None
+    return float(cell["lower_bound_s"]), floor, made, lowest
 
 
 def main() -> None:
@@ -107,28 +106,27 @@ def main() -> None:
     args = parser.parse_args()
     runs = [(m, s) for m in args.model or sorted(MODELS) for s in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {r: pool.submit(one, r[0], args.workload, r[1], args.policy) for r in runs}
+        futures = {r: pool.submit(one, r[0], args.workload, r[1], args.policy,
+                                  args.concentrate) for r in runs}  # fmt: skip
         results = {r: f.result() for r, f in futures.items()}
     print(f"{args.workload}, {NUM_GPUS} H100 as {NUM_GPUS // WIDEST} TP-{WIDEST}s: "
           f"the lower bound, the floor for schedules that keep the longest apart, "
           f"and {args.policy}")  # fmt: skip
     print(f"{'trace':>16} {'bound s':>8} {'floor s':>8} {'floor/bound':>11} "
           f"{args.policy + ' s':>10} {'/floor':>7} {'/bound':>7}")  # fmt: skip
-    for (model, seed), (bound, floor, made) in results.items():
+    for (model, seed), (bound, floor, made, _) in results.items():
         print(f"{model + ' s' + str(seed):>16} {bound:8.1f} {floor:8.1f} {floor / bound:11.3f} "
               f"{made:10.1f} {made / floor:7.3f} {made / bound:7.3f}")  # fmt: skip
     if not args.concentrate:
         return
-    with ProcessPoolExecutor(args.jobs) as pool:
-        split = {r: pool.submit(concentrations, r[0], args.workload, r[1]) for r in runs}
-        lowest = {r: f.result() for r, f in split.items()}
     print(
         "the lowest floor, over the bound, when long ones are put together on some of the "
         "instances, chosen by their prompts' earlier lengths or by their own true lengths"
     )
     print(f"{'trace':>16} {'apart':>7} {'by prompt':>10} {'by truth':>9}")
-    for (model, seed), (bound, floor, _) in results.items():
-        prompt, truth = lowest[model, seed]
+    for (model, seed), (bound, floor, _, lowest) in results.items():
+        assert lowest is not None
+        prompt, truth = lowest
         print(f"{model + ' s' + str(seed):>16} {floor / bound:7.3f} {prompt / bound:10.3f} "
               f"{truth / bound:9.3f}")  # fmt: skip
 

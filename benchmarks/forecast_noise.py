@@ -34,7 +34,6 @@ import numpy as np
 from heddle.config import ClusterConfig
 from heddle.sim import lower_bound, simulate
 from heddle.types import TrajectorySpec
-from heddle.workloads import generate
 from scheduler.interface import PolicyContext, StepEvent
 from scheduler.predictor import FEATURES, GroupMemory, RemainingPredictor, training_rows
 from scheduler.registry import create_policy
@@ -68,13 +67,10 @@ class NoisyTruth(RemainingPredictor):
 def paper_trace(
     model: str, workload: str, seed: int
 ) -> tuple[ClusterConfig, list[TrajectorySpec], list[TrajectorySpec]]:
-    from paper_setting import MODELS  # this folder's sibling script: the peers' TP
+    from paper_setting import MODELS, paper_traces  # this folder's sibling script
 
     cluster = ClusterConfig(model=model, gpu="h100", num_gpus=NUM_GPUS, default_tp=MODELS[model])
-    trace, history = (
-        [r.spec for r in generate(workload, prompts=400, seed=seed, iteration=it)] for it in (1, 0)
-    )
-    return cluster, trace, history
+    return cluster, *paper_traces(workload, seed)
 
 
 def run(model: str, workload: str, seed: int, sigma: float | None, pins: int | None) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 
 from heddle.bench import run_bench
 from heddle.config import ClusterConfig
+from heddle.types import TrajectorySpec
 from heddle.workloads import generate
 from scheduler.registry import policy_names
 
@@ -34,17 +35,26 @@ WORKLOADS = ("coding", "search", "math")
 BASELINE = "verl"
 
 
+def paper_traces(
+    workload: str, seed: int, prompts: int = 400, samples: int = 16
+) -> tuple[list[TrajectorySpec], list[TrajectorySpec]]:
+    """One seed's trace (iteration 1) and the history the policies that learn get
+    (iteration 0): the same prompts, a prompt keeping its length and difficulty."""
+    trace, history = (
+        [r.spec for r in generate(workload, prompts=prompts, samples=samples, seed=seed,
+                                  iteration=it)]
+        for it in (1, 0)
+    )  # fmt: skip
+    return trace, history
+
+
 def run_cell(
     model: str, workload: str, seed: int, prompts: int, samples: int, gpus: int,
     policies: list[str], predictor_seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """One setting on one seed: iteration 1 is the trace, iteration 0 the history."""
     cluster = ClusterConfig(model=model, gpu="h100", num_gpus=gpus, default_tp=MODELS[model])
-    trace, history = (
-        [r.spec for r in generate(workload, prompts=prompts, samples=samples, seed=seed,
-                                  iteration=it)]
-        for it in (1, 0)
-    )  # fmt: skip
+    trace, history = paper_traces(workload, seed, prompts, samples)
     started = time.perf_counter()
     bench = run_bench(trace, cluster, policies, history=history, predictor_seed=predictor_seed)
     out = bench.to_json(trace=f"{workload} seed {seed} iteration 1", cluster=cluster)
