@@ -259,11 +259,14 @@ def solve_leading(
     first = plan.sizes[0]
     if first >= len(lengths_desc):  # nothing after the first group
         return replace(plan, rest_s=(0.0,))
+    slowest_in_rest = replace(plan, rest_s=(plan.makespan_s,))
+    if first == 0:
+        return slowest_in_rest
     head = instances[0].group_time_s(
         lengths_desc[0], sum(lengths_desc[:first]), first, sum(contexts[:first])
     )
-    if first == 0 or float(head) < plan.makespan_s * (1 - 1e-9):
-        return replace(plan, rest_s=(plan.makespan_s,))  # the slowest group is in the rest
+    if float(head) < plan.makespan_s * (1 - 1e-9):
+        return slowest_in_rest
     rest = solve_leading(
         lengths_desc[first:],
         contexts[first:],
