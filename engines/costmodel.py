@@ -83,8 +83,11 @@ ITERATION_OVERHEAD_S = 0.5e-3
 ALLREDUCE_LATENCY_S = 10e-6
 # Activation and CUDA-graph memory vLLM reserves beside weights and KV, per GPU.
 ACTIVATION_RESERVE_BYTES = 4e9
-# Migration across nodes: 400 Gb/s InfiniBand (the paper's testbed), at 80% efficiency.
+# Migration across nodes: 400 Gb/s InfiniBand per GPU (the paper's testbed; an HGX node
+# has a NIC per GPU), at 80% efficiency.
 INTERNODE_BYTES_PER_S = 50e9 * 0.8
+# GPUs per node (HGX H100/H200/A100): NVLink joins the GPUs of one node only.
+GPUS_PER_NODE = 8
 MIGRATION_SETUP_S = 5e-3
 # Reconfiguration: weights reloaded from host memory over PCIe Gen5 (~25 GB/s achievable
 # per GPU), plus engine restart (process start, CUDA graph capture): ~20 s for vLLM.
@@ -198,12 +201,53 @@ class CostModel:
             prefill_cached_tokens=cached_tokens,
         )
 
-    def migration_s(self, context_tokens: int, *, same_node: bool = True) -> float:
-        """Moving a trajectory's KV cache to another instance."""
+    def migration_s(
+        self, context_tokens: int, *, same_node: bool = True, target_tp: int | None = None
+    ) -> float:
+        """Moving a trajectory's KV cache to another instance: each GPU sends its shard
+        over its own link (NVLink within a node, its NIC across nodes), as many links at
+        once as the narrower of the two instances has GPUs."""
         nbytes = context_tokens * self.model.kv_bytes_per_token
         bw = self.gpu.nvlink_bytes_per_s * NVLINK_EFFICIENCY if same_node else INTERNODE_BYTES_PER_S
-        return MIGRATION_SETUP_S + nbytes / bw
+        links = min(self.tp, target_tp or self.tp)
+        return MIGRATION_SETUP_S + nbytes / (bw * links)
 
     def reconfiguration_s(self) -> float:
         """Restarting the instance at another TP degree: weight reload plus engine start."""
         return self.model.weight_bytes / self.tp / WEIGHT_RELOAD_BYTES_PER_S + ENGINE_RESTART_S
+
+
+def node_of(first_gpu: int) -> int:
+    """The node an instance's GPUs are on (an instance never spans nodes: TP <= 8)."""
+    return first_gpu // GPUS_PER_NODE
+
+
+@dataclass(frozen=True)
+class Move:
+    """How a trajectory's context reaches another instance, and the time that takes."""
+
+    recompute: bool  # the target prefills the context; else the KV is transferred
+    seconds: float
+
+
+def cheapest_move(
+    source: CostModel,
+    target: CostModel,
+    context_tokens: int,
+    *,
+    same_node: bool,
+    transfer_path: bool = True,
+) -> Move:
+    """Transfer the KV cache, or let the target recompute it (a prefill) where that is
+    faster or no transfer path exists (the vLLM instances here, `engines/pool.py`). With
+    GQA models on H100s the transfer wins even across nodes (14B, 30,000 tokens: 128 ms
+    over one NIC, against 365 ms of prefill on a TP-8); recompute wins where the KV is
+    large for the model's compute (no GQA) or the links are slow."""
+    if context_tokens <= 0:
+        return Move(recompute=False, seconds=0.0)  # nothing cached: nothing to move
+    recompute_s = target.prefill_s(context_tokens)
+    if transfer_path:
+        transfer_s = source.migration_s(context_tokens, same_node=same_node, target_tp=target.tp)
+        if transfer_s <= recompute_s:
+            return Move(recompute=False, seconds=transfer_s)
+    return Move(recompute=True, seconds=recompute_s)

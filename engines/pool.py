@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.core import EngineCore, EngineLimits
-from engines.costmodel import CostModel
+from engines.costmodel import CostModel, cheapest_move, node_of
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
 from engines.vllm import (
@@ -86,6 +86,7 @@ class EnginePool:
         self.sessions = TokenSessions(read_vocab_size(vllm.model_path)) if vllm else None
         self.engines: dict[str, Engine] = {}
         self.tps: dict[str, int] = {}
+        self.first_gpu: dict[str, int] = {}  # where a move between nodes goes over the NICs
 
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:
@@ -109,8 +110,9 @@ class EnginePool:
         core = EngineCore(limits=limits, iteration_cost=cost.iteration_s)
         return SimulatedEngine(instance_id=instance_id, core=core, time_scale=shape.time_scale)
 
-    async def add(self, instance_id: str, tp: int) -> Engine:
-        """Start an instance (idempotent: an instance already running is kept)."""
+    async def add(self, instance_id: str, tp: int, first_gpu: int = 0) -> Engine:
+        """Start an instance on `tp` GPUs from `first_gpu` (idempotent: an instance
+        already running is kept)."""
         if instance_id in self.engines:
             if self.tps[instance_id] != tp:
                 raise ValueError(f"instance {instance_id} runs at TP {self.tps[instance_id]}")
@@ -118,12 +120,14 @@ class EnginePool:
         engine = self._build(instance_id, tp)
         await engine.start()
         self.engines[instance_id], self.tps[instance_id] = engine, tp
+        self.first_gpu[instance_id] = first_gpu
         return engine
 
     async def remove(self, instance_id: str) -> None:
         """Stop an instance; steps still on it fail (and are retried by their workflows)."""
         engine = self.engines.pop(instance_id, None)
         self.tps.pop(instance_id, None)
+        self.first_gpu.pop(instance_id, None)
         if engine is not None:
             await engine.stop()
 
@@ -138,9 +142,11 @@ class EnginePool:
 
     async def move_prefix(self, trajectory_id: str, source: str, target: str) -> int:
         """Move a trajectory's cached context from `source` to `target`; returns the
-        tokens moved. Simulated engines transfer the KV in the cost model's time (scaled);
-        vLLM instances have no transfer path here, so the target prefills the context
-        (a warm-up) and the source's copy ages out of its cache."""
+        tokens moved. Simulated engines transfer the KV in the cost model's time (scaled)
+        or, where the target's prefill is faster (`cheapest_move`), leave the context for
+        the next step to prefill there; vLLM instances have no transfer path here, so the
+        target prefills the context (a warm-up) and the source's copy ages out of its
+        cache."""
         if source not in self.engines or target not in self.engines:
             return 0
         if self.vllm is not None:
@@ -155,9 +161,13 @@ class EnginePool:
         tokens = src.core.drop_prefix(trajectory_id)
         if not tokens:
             return 0
-        await asyncio.sleep(
-            self.shape.cost(self.tps[source]).migration_s(tokens) * self.shape.time_scale
-        )
+        move = cheapest_move(
+            self.shape.cost(self.tps[source]), self.shape.cost(self.tps[target]), tokens,
+            same_node=node_of(self.first_gpu[source]) == node_of(self.first_gpu[target]),
+        )  # fmt: skip
+        if move.recompute:
+            return 0
+        await asyncio.sleep(move.seconds * self.shape.time_scale)
         if target in self.engines:  # it may have stopped meanwhile
             dst.core.put_prefix(trajectory_id, tokens)
         return tokens

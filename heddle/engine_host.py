@@ -216,13 +216,15 @@ class EngineHost:
             delay = (
                 self.pool.restart_s(inst.tp) * self.time_scale if inst.state == "starting" else 0
             )
-            self._starting[iid] = asyncio.create_task(self._start(iid, inst.tp, delay))
+            self._starting[iid] = asyncio.create_task(
+                self._start(iid, inst.tp, inst.first_gpu, delay)
+            )
 
-    async def _start(self, instance_id: str, tp: int, delay_s: float) -> None:
+    async def _start(self, instance_id: str, tp: int, first_gpu: int, delay_s: float) -> None:
         assert self.pool is not None
         try:
             await asyncio.sleep(delay_s)
-            engine = await self.pool.add(instance_id, tp)
+            engine = await self.pool.add(instance_id, tp, first_gpu)
             acts = EngineActivities(engine=engine, on_dead=self.mark_down)
             if instance_id in self._dead_workers:
                 # One worker per task queue in a process: the dead one goes first.

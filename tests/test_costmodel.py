@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from engines.core import EngineCore, EngineLimits
-from engines.costmodel import MODELS, CostModel
+from engines.costmodel import GPUS, MODELS, CostModel, ModelShape, Move, cheapest_move
 from engines.request import EngineRequest
 
 TOLERANCE = 0.15  # third-party measurements of varying set-ups: within 15%
@@ -91,3 +91,31 @@ def test_migration_and_reconfiguration_costs() -> None:
     # Recomputing the same context costs a prefill.
     assert cost.prefill_s(10_000) > cost.migration_s(10_000)
     assert 20 < cost.reconfiguration_s() < 25
+
+
+def test_a_move_sends_each_shard_over_its_own_link_or_recomputes_where_that_is_faster() -> None:
+    one = CostModel.for_names("qwen3-14b", "h100", 1)
+    eight = CostModel.for_names("qwen3-14b", "h100", 8)
+    # Across nodes a shard crosses its GPU's NIC, not NVLink; a TP-8 sends eight at once.
+    assert one.migration_s(30_000, same_node=False) > 5 * one.migration_s(30_000)
+    wide = eight.migration_s(30_000, same_node=False, target_tp=8)
+    assert wide < eight.migration_s(30_000, same_node=False, target_tp=1) / 6
+    # With GQA the transfer wins even across nodes, from one GPU.
+    move = cheapest_move(one, eight, 30_000, same_node=False)
+    assert not move.recompute
+    assert move.seconds == one.migration_s(30_000, same_node=False, target_tp=8)
+    # Without a transfer path the target prefills the context.
+    move = cheapest_move(one, eight, 30_000, same_node=False, transfer_path=False)
+    assert move.recompute
+    assert move.seconds == eight.prefill_s(30_000)
+    # A model without GQA (a KV head per query head) has 6x the KV for its compute: from
+    # one GPU across nodes the prefill on a TP-8 is faster than the transfer.
+    mha = ModelShape("mha-1b", 1.2e9, 24, 2048, 16, 128)
+    src, dst = CostModel(mha, GPUS["h100"], 1), CostModel(mha, GPUS["h100"], 8)
+    move = cheapest_move(src, dst, 30_000, same_node=False)
+    assert move.recompute
+    assert move.seconds == dst.prefill_s(30_000)
+    assert move.seconds < src.migration_s(30_000, same_node=False, target_tp=8)
+    assert not cheapest_move(src, dst, 30_000, same_node=True).recompute
+    # Nothing cached (evicted at the source): nothing to move, and no prefill counted.
+    assert cheapest_move(src, dst, 0, same_node=False) == Move(recompute=False, seconds=0.0)

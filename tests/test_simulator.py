@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import pytest
 
+from engines.costmodel import CostModel
 from heddle.sim import lower_bound, simulate
 from heddle.sim.simulator import Simulator
+from heddle.types import Decision, StepSpec, TrajectorySpec
 from heddle.workloads import generate
-from scheduler.interface import PolicyContext
+from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
+from scheduler.order import FirstComeFirstServed
 from scheduler.registry import create_policy, policy_names
+from scheduler.split import Homogeneous
 
 CLUSTER = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 8}
 
@@ -122,3 +127,55 @@ def test_a_split_for_another_cluster_is_refused(trace) -> None:  # type: ignore[
     policy = create_policy("heddle-oracle", PolicyContext(num_gpus=8, truth=tuple(trace)))
     with pytest.raises(ValueError, match=r"split the cluster into 8 GPUs.*it has 4"):
         Simulator(trace=trace, policy=policy, model="qwen3-8b", gpu="h100", num_gpus=4)
+
+
+class _EveryStepMoves:
+    """Each step on the instance its previous step did not run on, with its KV."""
+
+    migrate = True
+
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        ids = sorted(i.instance_id for i in instances)
+        target = (
+            ids[(ids.index(event.previous_instance) + 1) % len(ids)]
+            if event.previous_instance
+            else ids[0]
+        )
+        return Decision(target, reason="alternate", migrate=True)
+
+    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+        return None
+
+    def on_trajectory_done(
+        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
+    ) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("num_gpus", "tp", "same_node"), [(16, 8, False), (8, 4, True)])
+def test_a_move_pays_the_link_between_its_instances_or_recomputes_without_one(
+    num_gpus: int, tp: int, same_node: bool
+) -> None:
+    # One trajectory: 2,000 prompt tokens, 1,000 generated, a tool, then a second step
+    # on the other instance (the other node's TP-8, or the same node's other TP-4).
+    first = StepSpec(1_000, tool="x", tool_output_tokens=500)
+    trace = [TrajectorySpec("t", "g", 2_000, (first, StepSpec(10)))]
+
+    def run(kv_transfer: bool) -> Simulator:
+        policy = Policy("alternate", FirstComeFirstServed(), _EveryStepMoves(), Homogeneous(tp))
+        sim = Simulator(trace=trace, policy=policy, model="qwen3-14b", gpu="h100",
+                        num_gpus=num_gpus, kv_transfer=kv_transfer)  # fmt: skip
+        sim.run()
+        return sim
+
+    cost = CostModel.for_names("qwen3-14b", "h100", tp)
+    moved = run(kv_transfer=True)
+    assert (moved.migrations, moved.recomputed_moves) == (1, 0)
+    # The cached context crosses the link: the prompt and the first step but its last
+    # token, whose KV is computed with the next step (as in vLLM).
+    expected = cost.migration_s(2_999, same_node=same_node, target_tp=tp)
+    assert moved.migration_s == pytest.approx(expected)
+    recomputed = run(kv_transfer=False)
+    assert (recomputed.migrations, recomputed.recomputed_moves, recomputed.migration_s) == (1, 1, 0)
+    # Recomputing the context on the target takes longer than sending it.
+    assert recomputed.now > moved.now > recomputed.now - cost.prefill_s(3_000)

@@ -14,7 +14,7 @@ class SimResult:
     trajectories: int
     completion_s: dict[str, float]
     migrations: int
-    migration_s: float
+    migration_s: float  # KV transfer time; a recomputed move's prefill is in its step
     reconfigurations: int
     reconfiguration_s: float
     gpu_busy_frac: float
@@ -27,6 +27,7 @@ class SimResult:
     # (time, tokens) at each finished step: throughput over time.
     token_events: list[tuple[float, int]] = field(default_factory=list)
     wall_s: float = 0.0
+    recomputed_moves: int = 0  # of `migrations`, those whose target prefilled the context
 
     @property
     def throughput_tok_s(self) -> float:
@@ -41,6 +42,7 @@ class SimResult:
             "completion_s": self.completion_s,
             "migrations": self.migrations,
             "migration_s": self.migration_s,
+            "recomputed_moves": self.recomputed_moves,
             "reconfigurations": self.reconfigurations,
             "reconfiguration_s": self.reconfiguration_s,
             "gpu_busy_frac": self.gpu_busy_frac,

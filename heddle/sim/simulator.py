@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.core import DecodeBlock, EngineCore, EngineLimits, StepOutput
-from engines.costmodel import CostModel
+from engines.costmodel import CostModel, Move, cheapest_move, node_of
 from engines.request import EngineRequest
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
@@ -38,6 +38,7 @@ from scheduler.interface import (
     StepEvent,
 )
 from scheduler.libra import tool_state
+from scheduler.reshape import GpuLayout
 
 ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE = 0, 1, 2, 3, 4, 5
 
@@ -112,8 +113,11 @@ class Simulator:
         gpu_memory_utilization: float = 0.9,
         record_steps: bool = False,
         sample_every_s: float = 0.0,
+        kv_transfer: bool = True,
     ) -> None:
         self.policy = policy
+        # Whether instances can send each other KV; without, a move recomputes it.
+        self.kv_transfer = kv_transfer
         # Per TP degree every `sample_every_s` (0: never): queues and KV over time.
         self.sample_every_s = sample_every_s
         self.occupancy: list[Occupancy] = []
@@ -141,6 +145,9 @@ class Simulator:
         self.instances: dict[str, _Instance] = {
             ispec.instance_id: self._new_instance(ispec) for ispec in split
         }
+        # Which GPUs each instance holds (widest first, as `GpuLayout.pack` lays a split
+        # out for the policies that reshape): a move across nodes goes over the NICs.
+        self.layout = GpuLayout.pack([i.instance_id for i in split], [i.tp for i in split])
         self.retired: list[_Instance] = []
         self.reconfigurations = 0
         self.reconfiguration_s = 0.0
@@ -149,6 +156,7 @@ class Simulator:
         self.now = 0.0
         self.migrations = 0
         self.migration_s = 0.0
+        self.recomputed_moves = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
         self._state_list: list[InstanceState] | None = None
@@ -277,14 +285,28 @@ class Simulator:
         prev = traj.last_instance
         if decision.migrate and prev is not None and prev != decision.instance_id:
             tokens = self.instances[prev].core.drop_prefix(tid)
-            cost = self.instances[prev].cost.migration_s(tokens)
-            self.migrations += 1
-            self.migration_s += cost
-            # The transfer overlaps the tool call; only what is left of it delays the step.
-            delay = max(0.0, cost - traj.last_tool_latency_s)
-            self._push(self.now + delay, SUBMIT, (tid, decision, tokens))
-            return
+            move = self._move(prev, decision.instance_id, tokens)
+            if not move.recompute:
+                # The transfer overlaps the tool call; only what is left of it delays the step.
+                delay = max(0.0, move.seconds - traj.last_tool_latency_s)
+                self._push(self.now + delay, SUBMIT, (tid, decision, tokens))
+                return
         self._submit(tid, decision, 0)
+
+    def _move(self, source: str, target: str, tokens: int) -> Move:
+        """Count a move of `tokens` of cached context, by the cheaper way there is: a
+        transfer (its time in `migration_s`) or the target's prefill, which the moved
+        step then pays on the target."""
+        src, dst = self.instances[source], self.instances[target]
+        same_node = node_of(self.layout.first_gpu[source]) == node_of(self.layout.first_gpu[target])
+        move = cheapest_move(src.cost, dst.cost, tokens, same_node=same_node,
+                             transfer_path=self.kv_transfer)  # fmt: skip
+        self.migrations += 1
+        if move.recompute:
+            self.recomputed_moves += 1
+        else:
+            self.migration_s += move.seconds
+        return move
 
     def _submit(self, tid: str, decision: Decision, migrated_tokens: int) -> None:
         traj = self.trajectories[tid]
@@ -468,10 +490,11 @@ class Simulator:
         target = self.instances[decision.instance_id]
         target.in_flight += 1
         self._refresh(target)
-        cost = inst.cost.migration_s(tokens)
-        self.migrations += 1
-        self.migration_s += cost
-        self._push(self.now + cost, SUBMIT, (tid, decision, tokens))
+        move = self._move(inst.spec.instance_id, decision.instance_id, tokens)
+        if move.recompute:
+            self._submit(tid, decision, 0)
+        else:
+            self._push(self.now + move.seconds, SUBMIT, (tid, decision, tokens))
 
     # ---- reshaping -----------------------------------------------------------------------
     def _reshape(self) -> None:
@@ -491,6 +514,7 @@ class Simulator:
                     f"{[i.spec.tp for i in retired]} GPUs"
                 )
             self.retired += retired
+            self.layout.merge(change.retire, change.create.instance_id)
             self.reconfigurations += 1
             self.reconfiguration_s += change.cost_s
             self._push(self.now + change.cost_s, READY, change.create)
@@ -526,6 +550,7 @@ class Simulator:
             },
             migrations=self.migrations,
             migration_s=self.migration_s,
+            recomputed_moves=self.recomputed_moves,
             reconfigurations=self.reconfigurations,
             reconfiguration_s=self.reconfiguration_s,
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
