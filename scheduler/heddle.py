@@ -706,9 +706,12 @@ class HeddlePlacement:
         planner = self.planner
         by_id = {s.instance_id: s for s in instances}
         moves = {}
-        for event in events:
+        # Every decode re-predicted first, then moved longest first (the paper's order):
+        # a move books its work where it lands, which the next choice of instance reads.
+        remaining_of = {e.trajectory_id: planner.update(e) for e in events}
+        for event in sorted(events, key=lambda e: planner.rank(e.trajectory_id)):
             tid = event.trajectory_id
-            remaining = planner.update(event)
+            remaining = remaining_of[tid]
             target, share = planner.target(planner.rank(tid))
             if event.previous_instance in planner.vacating:
                 if target in by_id:
