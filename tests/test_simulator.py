@@ -14,6 +14,7 @@ from heddle.types import Decision, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
 from scheduler.order import FirstComeFirstServed
+from scheduler.placement import LeastLoaded
 from scheduler.registry import create_policy, policy_names
 from scheduler.split import Homogeneous
 
@@ -129,27 +130,16 @@ def test_a_split_for_another_cluster_is_refused(trace) -> None:  # type: ignore[
         Simulator(trace=trace, policy=policy, model="qwen3-8b", gpu="h100", num_gpus=4)
 
 
-class _EveryStepMoves:
+class _EveryStepMoves(LeastLoaded):
     """Each step on the instance its previous step did not run on, with its KV."""
 
     migrate = True
 
     def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         ids = sorted(i.instance_id for i in instances)
-        target = (
-            ids[(ids.index(event.previous_instance) + 1) % len(ids)]
-            if event.previous_instance
-            else ids[0]
-        )
+        prev = event.previous_instance
+        target = ids[(ids.index(prev) + 1) % len(ids)] if prev else ids[0]
         return Decision(target, reason="alternate", migrate=True)
-
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
-        return None
-
-    def on_trajectory_done(
-        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
-    ) -> None:
-        return None
 
 
 @pytest.mark.parametrize(("num_gpus", "tp", "same_node"), [(16, 8, False), (8, 4, True)])
