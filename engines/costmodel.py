@@ -217,9 +217,10 @@ class CostModel:
         return self.model.weight_bytes / self.tp / WEIGHT_RELOAD_BYTES_PER_S + ENGINE_RESTART_S
 
 
-def node_of(first_gpu: int) -> int:
-    """The node an instance's GPUs are on (an instance never spans nodes: TP <= 8)."""
-    return first_gpu // GPUS_PER_NODE
+def same_node(first_gpu: int, other_first_gpu: int) -> bool:
+    """Whether two instances, by their first GPUs, share a node (an instance never
+    spans nodes: TP <= 8), so a move between them goes over NVLink."""
+    return first_gpu // GPUS_PER_NODE == other_first_gpu // GPUS_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,10 @@ def cheapest_move(
 ) -> Move:
     """Transfer the KV cache, or let the target recompute it (a prefill) where that is
     faster or no transfer path exists (the vLLM instances here, `engines/pool.py`). With
-    GQA models on H100s the transfer wins even across nodes (14B, 30,000 tokens: 128 ms
-    over one NIC, against 365 ms of prefill on a TP-8); recompute wins where the KV is
-    large for the model's compute (no GQA) or the links are slow."""
+    GQA models on H100s a long context's transfer wins even across nodes (14B, 30,000
+    tokens: 128 ms over one NIC, against 365 ms of prefill on a TP-8); recompute wins
+    for short contexts (the transfer's setup) and where the KV is large for the model's
+    compute (no GQA) or the links are slow."""
     if context_tokens <= 0:
         return Move(recompute=False, seconds=0.0)  # nothing cached: nothing to move
     recompute_s = target.prefill_s(context_tokens)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.core import EngineCore, EngineLimits
-from engines.costmodel import CostModel, cheapest_move, node_of
+from engines.costmodel import CostModel, cheapest_move, same_node
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
 from engines.vllm import (
@@ -163,7 +163,7 @@ class EnginePool:
             return 0
         move = cheapest_move(
             self.shape.cost(self.tps[source]), self.shape.cost(self.tps[target]), tokens,
-            same_node=node_of(self.first_gpu[source]) == node_of(self.first_gpu[target]),
+            same_node=same_node(self.first_gpu[source], self.first_gpu[target]),
         )  # fmt: skip
         if move.recompute:
             return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.core import DecodeBlock, EngineCore, EngineLimits, StepOutput
-from engines.costmodel import CostModel, Move, cheapest_move, node_of
+from engines.costmodel import CostModel, Move, cheapest_move, same_node
 from engines.request import EngineRequest
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
@@ -298,8 +298,9 @@ class Simulator:
         transfer (its time in `migration_s`) or the target's prefill, which the moved
         step then pays on the target."""
         src, dst = self.instances[source], self.instances[target]
-        same_node = node_of(self.layout.first_gpu[source]) == node_of(self.layout.first_gpu[target])
-        move = cheapest_move(src.cost, dst.cost, tokens, same_node=same_node,
+        first_gpu = self.layout.first_gpu
+        move = cheapest_move(src.cost, dst.cost, tokens,
+                             same_node=same_node(first_gpu[source], first_gpu[target]),
                              transfer_path=self.kv_transfer)  # fmt: skip
         self.migrations += 1
         if move.recompute:
