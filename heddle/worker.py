@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass, field
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.control import ControlActivities, Replanner
 from activities.scheduler import SchedulerActivities
@@ -35,6 +35,10 @@ from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
 log = logging.getLogger(__name__)
+
+# Every running trajectory stays in the worker's cache: an evicted one replays its whole
+# history on its next task. A batch of thousands runs at once.
+MAX_CACHED_WORKFLOWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,8 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
             ],
             max_concurrent_workflow_tasks=200,
             max_concurrent_local_activities=200,
+            max_cached_workflows=MAX_CACHED_WORKFLOWS,
+            workflow_runner=UnsandboxedWorkflowRunner(),
         ),
         Worker(
             client,

@@ -1,0 +1,176 @@
+"""The live path at scale: live against simulated makespan, the start ramp, CPU per step.
+
+    python benchmarks/live_scale.py [--sizes 512 2048] [--policy verl --policy heddle]
+                                    [--ceiling 2048] [--wall 150] [--out FILE]
+
+For each size and policy: the simulator's makespan, then a live rollout of the same trace
+on a fresh embedded stack (file-backed dev server, one worker process hosting the
+simulated engines, SQLite store) at a time scale chosen so the simulated makespan takes
+`--wall` seconds of wall time; heddle first rolls out the earlier iteration as its
+history, on the same stack. Per run: live ÷ simulated makespan, the start ramp (wall
+seconds from the batch's start until its last trajectory started), and the CPU seconds
+per LLM step of the worker, the engine host (the same process in the default stack) and
+the Temporal server, read from /proc. Then the ceiling: tiny two-step trajectories with
+no tool wait, as fast as the stack goes, in steps per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heddle.bench import run_bench
+from heddle.client import HeddleClient
+from heddle.config import ClusterConfig
+from heddle.stack import EmbeddedStack, free_port
+from heddle.trace import TraceRecord
+from heddle.types import BatchReport, RolloutOptions, StepSpec, TrajectorySpec
+from heddle.workloads import generate
+
+# The issue's setting: 16 H200s serving Qwen3-8B, coding, 16 samples a prompt.
+CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h200", num_gpus=16, default_tp=1)
+SAMPLES = 16
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its waited-for children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / TICKS
+
+
+@dataclass
+class LiveRun:
+    report: BatchReport
+    start_ramp_s: float  # wall seconds from the batch's start to its last trajectory's
+    steps: int
+    cpu_per_step_ms: dict[str, float]
+
+
+async def live_run(
+    records: list[TraceRecord],
+    policy: str,
+    time_scale: float,
+    *,
+    cluster: ClusterConfig = CLUSTER,
+    history: list[TraceRecord] | None = None,
+) -> LiveRun:
+    """One rollout on a fresh embedded stack (after `history`, when given)."""
+    with tempfile.TemporaryDirectory(prefix="heddle-live-scale-") as state:
+        stack = EmbeddedStack(
+            state_dir=Path(state),
+            cluster=cluster,
+            time_scale=time_scale,
+            headless=True,
+            port=free_port(),
+        )
+        await stack.start()
+        try:
+            client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
+            async with client:
+                if history:
+                    await (await client.start_rollout(records=history)).report()
+                assert stack.server is not None
+                pids = {"server": stack.server.pid, "worker+engine host": stack.workers[0].pid}
+                before = {name: cpu_s(pid) for name, pid in pids.items()}
+                handle = await client.start_rollout(
+                    records=records, options=RolloutOptions(policy=policy)
+                )
+                report = await handle.report()
+                after = {name: cpu_s(pid) for name, pid in pids.items()}
+                rows = await client.list_trajectories(handle.batch_id, limit=len(records))
+                steps = await asyncio.to_thread(client.store.count_steps, handle.batch_id)
+        finally:
+            stack.stop()
+    last_start = max(r["started_at"] or report.started_at for r in rows)
+    return LiveRun(
+        report=report,
+        start_ramp_s=last_start - report.started_at,
+        steps=steps,
+        cpu_per_step_ms={k: 1000 * (after[k] - before[k]) / max(1, steps) for k in pids},
+    )
+
+
+def tiny_trace(n: int, turns: int = 2) -> list[TraceRecord]:
+    """Trajectories of one-token steps and instant tools: the orchestration alone."""
+    steps = (*(StepSpec(1, "python", 0.0, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
+    return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k}", 10, steps, "coding")) for k in range(n)]
+
+
+def row_of(run: LiveRun) -> dict[str, Any]:
+    return {
+        "live_makespan_s": round(run.report.makespan_s, 2),
+        "live_wall_s": round(run.report.wall_s, 1),
+        "completed": run.report.completed,
+        "failed": run.report.failed,
+        "start_ramp_s": round(run.start_ramp_s, 1),
+        "steps": run.steps,
+        "steps_per_s": round(run.steps / run.report.wall_s, 1),
+        "cpu_ms_per_step": {k: round(v, 1) for k, v in run.cpu_per_step_ms.items()},
+    }
+
+
+async def scale_rows(sizes: list[int], policies: list[str], wall: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for size in sizes:
+        prompts = size // SAMPLES
+        records = generate("coding", prompts=prompts, samples=SAMPLES, seed=0, iteration=1)
+        earlier = generate("coding", prompts=prompts, samples=SAMPLES, seed=0, iteration=0)
+        trace, past = [r.spec for r in records], [r.spec for r in earlier]
+        sims = run_bench(trace, CLUSTER, policies, history=past).results
+        for policy in policies:
+            sim = sims[policy]
+            scale = wall / sim.makespan_s
+            run = await live_run(records, policy, scale, history=earlier)
+            row = {
+                "sim_makespan_s": round(sim.makespan_s, 2),
+                "time_scale": round(scale, 4),
+                **row_of(run),
+                "live_over_sim": round(run.report.makespan_s / sim.makespan_s, 3),
+            }
+            out[f"{size}/{policy}"] = row
+            print(f"{size} {policy}: {json.dumps(row)}", flush=True)
+        live = {p: out[f"{size}/{p}"]["live_makespan_s"] for p in policies}
+        simulated = {p: out[f"{size}/{p}"]["sim_makespan_s"] for p in policies}
+        if len(policies) >= 2:
+            first, second = policies[0], policies[1]
+            ratio = {
+                "live": round(live[first] / live[second], 3),
+                "simulated": round(simulated[first] / simulated[second], 3),
+            }
+            out[f"{size}/{first}÷{second}"] = ratio
+            print(f"{size} {first} makespan ÷ {second}: {json.dumps(ratio)}", flush=True)
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[512, 2048])
+    parser.add_argument("--policy", action="append", help="default: verl, heddle")
+    parser.add_argument("--wall", type=float, default=150.0, help="target live seconds a run")
+    parser.add_argument("--ceiling", type=int, default=2048, help="tiny trajectories (0: none)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/live_scale.json"))
+    args = parser.parse_args()
+    started = time.monotonic()
+    out: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
+    out["runs"] = await scale_rows(args.sizes, args.policy or ["verl", "heddle"], args.wall)
+    if args.ceiling:
+        run = await live_run(tiny_trace(args.ceiling), "verl", 1e-4)
+        out["ceiling"] = row_of(run)
+        print(f"ceiling, {args.ceiling} two-step trajectories: {json.dumps(out['ceiling'])}")
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out} ({out['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

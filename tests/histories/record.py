@@ -1,0 +1,93 @@
+"""Record the histories `tests/test_replay.py` replays: run from the repository root as
+`python -m tests.histories.record` on the code whose histories must keep replaying.
+
+Each batch runs on an in-memory dev server with an in-process worker: a peer (verl), a
+planned Heddle batch (its scheduler calls on the engine host), a trajectory moved
+between instances at each tool call, and a decode moved mid-step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from temporalio.client import Client
+
+from heddle import search_attributes
+from heddle.stack import ensure_search_attributes, free_port, temporal_binary, wait_for_server
+from heddle.trace import TraceRecord
+from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
+from scheduler import registry
+from scheduler.interface import Policy
+from scheduler.order import FirstComeFirstServed
+from scheduler.split import Homogeneous
+from tests.live import live_client
+from tests.test_rollout import _MoveLongDecodes, _PingPong
+
+HERE = Path(__file__).parent
+
+
+def _spec(tid: str, statuses: list[str]) -> TrajectorySpec:
+    steps = [StepSpec(30 + 10 * i, "python", 0.2, status, 15) for i, status in enumerate(statuses)]
+    return TrajectorySpec(tid, "g0", 80, (*steps, StepSpec(40)), workload="coding")
+
+
+def _register(name: str, placement: type) -> None:
+    registry.POLICIES[name] = lambda ctx: Policy(
+        name, FirstComeFirstServed(), placement(), Homogeneous(1)
+    )
+
+
+async def _record(address: str, store_url: str) -> dict[str, list[dict[str, object]]]:
+    _register("test-ping-pong", _PingPong)
+    _register("test-move", _MoveLongDecodes)
+    trio = [TraceRecord(_spec("ok", ["ok", "ok"])), TraceRecord(_spec("err", ["error"]))]
+    moving = (*(StepSpec(40, "python", 5.0, "ok", 30) for _ in range(2)), StepSpec(40))
+    # Heddle last: it learns from the batch before it. Each on its own stack (prefix):
+    # a planned batch reshapes the cluster the others' placements name.
+    batches = {
+        "verl": (trio, "verl"),
+        "ping-pong": ([TraceRecord(TrajectorySpec("m", "g", 200, moving, "coding"))], "test-ping-pong"),
+        "mid-step-move": ([TraceRecord(TrajectorySpec("t", "g", 200, (StepSpec(6000),), "math"))], "test-move"),
+        "heddle": (trio, "heddle"),
+    }  # fmt: skip
+    out: dict[str, list[dict[str, object]]] = {}
+    for name, (records, policy) in batches.items():
+        async with live_client(address, store_url, f"rec-{name}-", time_scale=0.05) as client:
+            handle = await client.start_rollout(records=records, options=RolloutOptions(policy=policy))
+            report = await asyncio.wait_for(handle.report(), 120)
+            assert report.completed == len(records), (name, report)
+            ids = [handle.batch_id] + [f"{handle.batch_id}/{r.spec.trajectory_id}" for r in records]
+            out[name] = [
+                json.loads((await client.temporal.get_workflow_handle(w).fetch_history()).to_json())
+                for w in ids
+            ]
+    return out
+
+
+async def main() -> None:
+    port = free_port()
+    argv = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+            "--port", str(port), "--log-level", "error", *search_attributes.dev_server_flags()]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client: Client = await wait_for_server(f"127.0.0.1:{port}")
+        await ensure_search_attributes(client)
+        with tempfile.TemporaryDirectory() as tmp:
+            recorded = await _record(f"127.0.0.1:{port}", f"sqlite:///{tmp}/store.db")
+    finally:
+        server.terminate()
+        server.wait(10)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    for name, histories in recorded.items():
+        path = HERE / f"{commit.stdout.strip()}-{name}.json"
+        path.write_text(json.dumps(histories) + "\n")
+        print(f"wrote {path} ({len(histories)} workflows)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
