@@ -49,16 +49,19 @@ async def _record(address: str, store_url: str) -> dict[str, list[dict[str, obje
     moving = (*(StepSpec(40, "python", 5.0, "ok", 30) for _ in range(2)), StepSpec(40))
     # Heddle last: it learns from the batch before it. Each on its own stack (prefix):
     # a planned batch reshapes the cluster the others' placements name.
+    ping = TraceRecord(TrajectorySpec("m", "g", 200, moving, "coding"))
+    long_decode = TraceRecord(TrajectorySpec("t", "g", 200, (StepSpec(6000),), "math"))
     batches = {
         "verl": (trio, "verl"),
-        "ping-pong": ([TraceRecord(TrajectorySpec("m", "g", 200, moving, "coding"))], "test-ping-pong"),
-        "mid-step-move": ([TraceRecord(TrajectorySpec("t", "g", 200, (StepSpec(6000),), "math"))], "test-move"),
+        "ping-pong": ([ping], "test-ping-pong"),
+        "mid-step-move": ([long_decode], "test-move"),
         "heddle": (trio, "heddle"),
-    }  # fmt: skip
+    }
     out: dict[str, list[dict[str, object]]] = {}
     for name, (records, policy) in batches.items():
         async with live_client(address, store_url, f"rec-{name}-", time_scale=0.05) as client:
-            handle = await client.start_rollout(records=records, options=RolloutOptions(policy=policy))
+            options = RolloutOptions(policy=policy)
+            handle = await client.start_rollout(records=records, options=options)
             report = await asyncio.wait_for(handle.report(), 120)
             assert report.completed == len(records), (name, report)
             ids = [handle.batch_id] + [f"{handle.batch_id}/{r.spec.trajectory_id}" for r in records]
@@ -69,16 +72,22 @@ async def _record(address: str, store_url: str) -> dict[str, list[dict[str, obje
     return out
 
 
-async def main() -> None:
+async def _serve_and_record(address: str) -> dict[str, list[dict[str, object]]]:
+    client: Client = await wait_for_server(address)
+    await ensure_search_attributes(client)
+    with tempfile.TemporaryDirectory() as tmp:
+        return await _record(address, f"sqlite:///{tmp}/store.db")
+
+
+def main() -> None:
     port = free_port()
-    argv = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(port), "--log-level", "error", *search_attributes.dev_server_flags()]  # fmt: skip
+    argv = [
+        temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+        "--port", str(port), "--log-level", "error", *search_attributes.dev_server_flags(),
+    ]  # fmt: skip
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        client: Client = await wait_for_server(f"127.0.0.1:{port}")
-        await ensure_search_attributes(client)
-        with tempfile.TemporaryDirectory() as tmp:
-            recorded = await _record(f"127.0.0.1:{port}", f"sqlite:///{tmp}/store.db")
+        recorded = asyncio.run(_serve_and_record(f"127.0.0.1:{port}"))
     finally:
         server.terminate()
         server.wait(10)
@@ -90,4 +99,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
