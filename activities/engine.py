@@ -1,7 +1,16 @@
-"""The LLM step activity, one worker per engine instance (task queue `engine.<id>`)."""
+"""The LLM step activity, one worker per engine instance (task queue `engine.<id>`).
+
+On the lean step path (`GenerateRequest.decided` set) the engine host keeps the step's
+books itself, where the facts are: the KV a decision moved comes from its source first,
+a decode the scheduler stops mid-step goes on on its new instance within this activity,
+the step's end is reported to the host's scheduler service, and the re-prediction for
+the tool call that follows moves the KV while the tool runs. The workflow then pays one
+Temporal round trip per LLM step.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -10,17 +19,30 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from engines.core import RequestTooLarge
-from engines.pool import Engine
+from engines.pool import Engine, EnginePool
 from engines.request import EngineRequest
+from engines.simulated import EngineResult
 from engines.vllm import EngineDead
 from heddle import activity_names as names
-from heddle.types import GenerateRequest, GenerateResult
+from heddle.types import GenerateRequest, GenerateResult, StepReport
+from scheduler.service import SchedulerService
+
+log = logging.getLogger(__name__)
 
 
 class EngineActivities:
-    def __init__(self, *, engine: Engine, on_dead: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        on_dead: Callable[[str], None] | None = None,
+        pool: EnginePool | None = None,
+        service: SchedulerService | None = None,
+    ) -> None:
         self.engine = engine
         self.on_dead = on_dead  # the host stops offering the instance before the retry
+        self.pool = pool  # the host's other instances, where a stopped decode goes on
+        self.service = service  # the host's scheduler: the lean path's books
 
     @activity.defn(name=names.GENERATE)
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -33,7 +55,7 @@ class EngineActivities:
 
         def on_progress(tokens: int) -> None:
             nonlocal made
-            made = resumed + tokens
+            made = base + tokens
 
         started = time.time()
         if resumed >= request.max_new_tokens:
@@ -45,34 +67,100 @@ class EngineActivities:
                 attempt=info.attempt,
                 resumed_tokens=resumed,
             )
-        engine_request = EngineRequest(
-            request_id=f"{request.request_id}#{info.attempt}",
-            prefix_key=request.trajectory_id,
-            context_tokens=request.context_tokens + resumed,
-            max_new_tokens=request.max_new_tokens - resumed,
-            priority=request.priority,
-        )
+        lean = request.decided is not None and self.pool is not None
+        engine, first, base = self.engine, None, resumed
+        if lean and request.move_from:
+            await self._move(request.trajectory_id, request.move_from, engine.instance_id)
         try:
             async with heartbeating(lambda: made):
-                result = await self.engine.generate(engine_request, on_progress)
+                while True:
+                    result = await self._step(engine, request, base, info.attempt, on_progress)
+                    first = first or result
+                    made = base = base + result.output_tokens
+                    target = result.moved_to
+                    if not lean or not target or made >= request.max_new_tokens:
+                        break
+                    # Stopped mid-decode by the scheduler: the rest runs on `target`.
+                    assert self.pool is not None
+                    if target not in self.pool.engines:
+                        break  # it stopped meanwhile: the workflow decides the rest
+                    self._report(request, engine.instance_id)
+                    await self._move(request.trajectory_id, engine.instance_id, target)
+                    engine = self.pool[target]
+        finally:
+            if lean:
+                self._report(request, engine.instance_id)
+        moved_to = "" if lean and made >= request.max_new_tokens else result.moved_to
+        return GenerateResult(
+            instance_id=engine.instance_id,
+            output_tokens=made,
+            cached_tokens=first.cached_tokens,
+            queued_s=first.queued_s,
+            started_at=first.started_at,
+            finished_at=result.finished_at,
+            attempt=info.attempt,
+            resumed_tokens=resumed,
+            moved_to=moved_to,
+            next_instance=self._anticipate(request, engine.instance_id, made) if lean else "",
+        )
+
+    async def _step(
+        self,
+        engine: Engine,
+        request: GenerateRequest,
+        made: int,
+        attempt: int,
+        on_progress: Callable[[int], None],
+    ) -> EngineResult:
+        """The step's tokens from `made` on, on `engine`."""
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id}#{attempt}" + (f"+{made}" if made else ""),
+            prefix_key=request.trajectory_id,
+            context_tokens=request.context_tokens + made,
+            max_new_tokens=request.max_new_tokens - made,
+            priority=request.priority,
+        )
+        if self.pool is not None:
+            await self.pool.settled(request.trajectory_id)  # a move still under way
+        try:
+            return await engine.generate(engine_request, on_progress)
         except RequestTooLarge as exc:
             # No retry can make it fit; the trajectory fails, the batch goes on.
             raise ApplicationError(str(exc), type="RequestTooLarge", non_retryable=True) from exc
         except EngineDead as exc:
             # A retry here would find the same dead engine: the workflow re-decides.
             if self.on_dead is not None:
-                self.on_dead(self.engine.instance_id)
+                self.on_dead(engine.instance_id)
             raise ApplicationError(
-                str(exc), resumed + exc.made, type=names.ENGINE_DEAD, non_retryable=True
+                str(exc), made + exc.made, type=names.ENGINE_DEAD, non_retryable=True
             ) from exc
-        return GenerateResult(
-            instance_id=self.engine.instance_id,
-            output_tokens=resumed + result.output_tokens,
-            cached_tokens=result.cached_tokens,
-            queued_s=result.queued_s,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            attempt=info.attempt,
-            resumed_tokens=resumed,
-            moved_to=result.moved_to,
-        )
+
+    async def _move(self, trajectory_id: str, source: str, target: str) -> None:
+        assert self.pool is not None
+        try:
+            await self.pool.move_prefix(trajectory_id, source, target)
+        except Exception:  # the target recomputes the context instead
+            log.exception("KV move of %s from %s to %s failed", trajectory_id, source, target)
+
+    def _report(self, request: GenerateRequest, instance_id: str) -> None:
+        if self.service is not None:
+            self.service.report(
+                StepReport(request.trajectory_id, instance_id, request.step_index, 0)
+            )
+
+    def _anticipate(self, request: GenerateRequest, instance_id: str, made: int) -> str:
+        """Re-predict as the step ends, before the tool's result; where the new rank
+        calls for another instance, the KV moves there while the tool runs."""
+        if not request.anticipate or self.service is None or request.decided is None:
+            return ""
+        assert self.pool is not None
+        ahead = request.decided.after_output(made)
+        try:
+            move = self.service.anticipate(ahead, time.time())
+        except Exception:  # no move: the next decide places the step anyway
+            log.exception("re-prediction of %s failed", request.trajectory_id)
+            return ""
+        if move is None or move.instance_id == instance_id:
+            return ""
+        self.pool.move_prefix_soon(request.trajectory_id, instance_id, move.instance_id)
+        return move.instance_id

@@ -15,15 +15,17 @@ HEARTBEAT_EVERY_S = 1.0
 
 @contextlib.asynccontextmanager
 async def heartbeating(details: Callable[[], Any] | None = None) -> AsyncIterator[None]:
-    """Heartbeat every second with `details()` (progress to resume from) while inside."""
+    """Heartbeat every second with `details()` (progress to resume from) while inside.
+    The first beat comes after a second, not at once: a short step then costs the server
+    no heartbeat at all."""
 
     async def beat() -> None:
         while True:
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
             if details is None:
                 activity.heartbeat()
             else:
                 activity.heartbeat(details())
-            await asyncio.sleep(HEARTBEAT_EVERY_S)
 
     task = asyncio.create_task(beat())
     try:

@@ -10,7 +10,7 @@ the overhead) plus a share per token it makes (the KV it reads, its all-reduce b
 `engines.costmodel.IterationTerms`). An instance that runs a trajectory runs at least
 as many iterations as that trajectory has tokens, so if the n longest never share an
 instance, the instances run at least the n longest's tokens in iterations between
-them, and every token's share is paid somewhere (`heddle.sim.bound.apart_floor_s`):
+them, and every token's share is paid somewhere (`engines.trajectory_costs.apart_floor_s`):
 
     makespan >= (fixed x the n longest's tokens + every token's share) / n
 
@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from paper_setting import MODELS, WORKLOADS, paper_traces, run_cell  # this folder's sibling
 
 from engines.costmodel import CostModel
-from heddle.sim.bound import apart_floor_s
+from engines.trajectory_costs import apart_floor_s
 from heddle.types import TrajectorySpec
 from scheduler.libra import prompt_key
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from engines.trajectory_costs import allowed_costs
 from heddle.config import ClusterConfig
-from heddle.sim.bound import allowed_costs, lower_bound, streams_lp_s
+from heddle.sim.bound import lower_bound, streams_lp_s
 from heddle.workloads import generate
 
 

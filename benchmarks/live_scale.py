@@ -11,7 +11,9 @@ history, on the same stack. Per run: live ÷ simulated makespan, the start ramp 
 seconds from the batch's start until its last trajectory started), and the CPU seconds
 per LLM step of the worker, the engine host (the same process in the default stack) and
 the Temporal server, read from /proc. Then the ceiling: tiny two-step trajectories with
-no tool wait, as fast as the stack goes, in steps per second.
+no tool wait, as fast as the stack goes, in steps per second (`--ceiling`: 100 of 10
+steps, the shape docs/benchmarks.md measured 22 steps/s on before the lean step path),
+and the start ramp of a large batch of two-step ones (`--ramp`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +39,9 @@ from heddle.trace import TraceRecord
 from heddle.types import BatchReport, RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 
+ROOT = Path(__file__).resolve().parents[1]
+# The step path before the lean one, whose ceiling docs/benchmarks.md gave as 22 steps/s.
+BEFORE = "1f142af"
 # The issue's setting: 16 H200s serving Qwen3-8B, coding, 16 samples a prompt.
 CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h200", num_gpus=16, default_tp=1)
 SAMPLES = 16
@@ -100,8 +107,9 @@ async def live_run(
 
 
 def tiny_trace(n: int, turns: int = 2) -> list[TraceRecord]:
-    """Trajectories of one-token steps and instant tools: the orchestration alone."""
-    steps = (*(StepSpec(1, "python", 0.0, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
+    """Trajectories of one-token steps and tools of a millisecond: the orchestration
+    alone (a replayed tool of any latency is a timer or an activity, as a real one)."""
+    steps = (*(StepSpec(1, "python", 1e-3, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
     return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k}", 10, steps, "coding")) for k in range(n)]
 
 
@@ -151,21 +159,76 @@ async def scale_rows(sizes: list[int], policies: list[str], wall: float) -> dict
     return out
 
 
+def ceiling_at(tree: Path, n: int, turns: int) -> dict[str, Any]:
+    """This file's ceiling run in a fresh process on the code of `tree` (its stack, its
+    worker and its workflows: the worker process inherits the path)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    argv = [sys.executable, str(Path(__file__).resolve()), "--once", str(n), str(turns)]
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def worktree(rev: str) -> Path:
+    """A checkout of `rev` beside this one (made once, kept for later runs)."""
+    path = Path(tempfile.gettempdir()) / f"heddle-at-{rev}"
+    if not path.exists():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return path
+
+
+def ceiling_against(rev: str, n: int, turns: int, rounds: int) -> dict[str, Any]:
+    """The ceiling of this tree and of `rev`, run in turns so both see the same machine;
+    the medians and their ratio."""
+    trees = {"now": ROOT, rev: worktree(rev)}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for k in range(rounds):
+        for name, tree in trees.items():
+            row = ceiling_at(tree, n, turns)
+            runs[name].append(row)
+            print(f"ceiling round {k + 1}, {name}: {json.dumps(row)}", flush=True)
+    medians = {
+        name: statistics.median(r["steps_per_s"] for r in rows) for name, rows in runs.items()
+    }
+    return {
+        "trajectories": n,
+        "steps_each": turns,
+        "steps_per_s_median": medians,
+        "ratio": round(medians["now"] / medians[rev], 2),
+        "runs": runs,
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--policy", action="append", help="default: verl, heddle")
     parser.add_argument("--wall", type=float, default=150.0, help="target live seconds a run")
-    parser.add_argument("--ceiling", type=int, default=2048, help="tiny trajectories (0: none)")
+    parser.add_argument(
+        "--ceiling",
+        type=int,
+        nargs=2,
+        default=[100, 10],
+        metavar=("TRAJECTORIES", "STEPS"),
+        help="the ceiling's tiny trace (0 0: none); 100 x 10 is docs/benchmarks.md's 22 steps/s",
+    )
+    parser.add_argument(
+        "--ramp", type=int, default=2048, help="two-step tiny trajectories for the start ramp"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/live_scale.json"))
     args = parser.parse_args()
     started = time.monotonic()
     out: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
     out["runs"] = await scale_rows(args.sizes, args.policy or ["verl", "heddle"], args.wall)
-    if args.ceiling:
-        run = await live_run(tiny_trace(args.ceiling), "verl", 1e-4)
-        out["ceiling"] = row_of(run)
-        print(f"ceiling, {args.ceiling} two-step trajectories: {json.dumps(out['ceiling'])}")
+    if args.ceiling[0]:
+        out["ceiling"] = ceiling_against(args.against, *args.ceiling, args.rounds)
+        print(f"ceiling: {json.dumps({k: v for k, v in out['ceiling'].items() if k != 'runs'})}")
+    if args.ramp:
+        out["ramp"] = row_of(await live_run(tiny_trace(args.ramp), "least_loaded", 1e-4))
+        print(f"ramp, {args.ramp} trajectories of 2 tiny steps: {json.dumps(out['ramp'])}")
     out["wall_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -21,8 +21,8 @@ from collections import defaultdict
 from paper_setting import MODELS  # this folder's sibling script: the models and peers' TP
 
 from engines.costmodel import CostModel
+from engines.trajectory_costs import trajectory_alone_s
 from heddle.config import ClusterConfig
-from heddle.sim.bound import trajectory_alone_s
 from heddle.sim.simulator import Simulator
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext

@@ -8,6 +8,7 @@ interface, `Engine`; the engine host starts and stops them as the cluster plan s
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,8 @@ from engines.vllm import (
     VllmSettings,
     read_vocab_size,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -87,6 +90,8 @@ class EnginePool:
         self.engines: dict[str, Engine] = {}
         self.tps: dict[str, int] = {}
         self.first_gpu: dict[str, int] = {}  # where a move between nodes goes over the NICs
+        # KV moves under way during a trajectory's tool call: its next step waits for them.
+        self._moving: dict[str, asyncio.Task[int]] = {}
 
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:
@@ -171,6 +176,33 @@ class EnginePool:
         if target in self.engines:  # it may have stopped meanwhile
             dst.core.put_prefix(trajectory_id, tokens)
         return tokens
+
+    def move_prefix_soon(self, trajectory_id: str, source: str, target: str) -> None:
+        """Start moving a trajectory's context (`move_prefix`) without waiting: it goes
+        while the trajectory's tool runs, and its next step waits for it (`settled`)."""
+        previous = self._moving.get(trajectory_id)
+
+        async def move() -> int:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            return await self.move_prefix(trajectory_id, source, target)
+
+        task = asyncio.ensure_future(move())
+        self._moving[trajectory_id] = task
+        task.add_done_callback(lambda t: self._forget_move(trajectory_id, t))
+
+    def _forget_move(self, trajectory_id: str, task: asyncio.Task[int]) -> None:
+        if self._moving.get(trajectory_id) is task:
+            del self._moving[trajectory_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("KV move of %s failed: %s", trajectory_id, task.exception())
+
+    async def settled(self, trajectory_id: str) -> None:
+        """Wait for a move of the trajectory's context that is still under way (a failed
+        one leaves the context to be recomputed)."""
+        task = self._moving.get(trajectory_id)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     def __getitem__(self, instance_id: str) -> Engine:
         return self.engines[instance_id]

@@ -53,9 +53,13 @@ def validate_options(options: RolloutOptions) -> None:
 class RolloutHandle:
     batch_id: str
     workflow: WorkflowHandle[Any, BatchReport]
+    store: TrajectoryStore
 
     async def progress(self) -> dict[str, int]:
-        return await self.workflow.query(RolloutBatchWorkflow.progress)
+        """Started, running, completed and failed trajectories and the tokens of the
+        ended ones, from the store (each trajectory writes there as it starts and ends,
+        whichever slice of the batch runs it)."""
+        return await asyncio.to_thread(self.store.batch_progress, self.batch_id)
 
     async def report(self) -> BatchReport:
         """Wait for the batch's report. A server too busy to answer the long poll in time
@@ -152,12 +156,13 @@ class HeddleClient:
             task_queue=trajectories_queue(self.queue_prefix),
             static_summary=f"rollout of {len(batch)} trajectories ({options.policy})",
         )
-        return RolloutHandle(batch_id=batch_id, workflow=handle)
+        return RolloutHandle(batch_id=batch_id, workflow=handle, store=self.store)
 
     def get_rollout(self, batch_id: str) -> RolloutHandle:
         return RolloutHandle(
             batch_id=batch_id,
             workflow=self.temporal.get_workflow_handle_for(RolloutBatchWorkflow.run, batch_id),
+            store=self.store,
         )
 
     def _control(self) -> WorkflowHandle[ClusterControlWorkflow, None]:

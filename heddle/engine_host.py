@@ -225,7 +225,9 @@ class EngineHost:
         try:
             await asyncio.sleep(delay_s)
             engine = await self.pool.add(instance_id, tp, first_gpu)
-            acts = EngineActivities(engine=engine, on_dead=self.mark_down)
+            acts = EngineActivities(
+                engine=engine, on_dead=self.mark_down, pool=self.pool, service=self.service
+            )
             if instance_id in self._dead_workers:
                 # One worker per task queue in a process: the dead one goes first.
                 await _shutdown(*self._dead_workers.pop(instance_id))

@@ -31,7 +31,13 @@ READY_TIMEOUT_S = 60.0
 # The server's SQLite file in write-ahead-log mode, synced at checkpoints: every commit
 # no longer waits for an fsync, which set the stack's pace (2.5x, ENVIRONMENT.md). A
 # killed server loses nothing; only a power loss may drop the last transactions.
-SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL")
+SQLITE_PRAGMAS = (
+    "journal_mode=WAL",
+    "synchronous=NORMAL",
+    "cache_size=-65536",
+    "temp_store=MEMORY",
+    "mmap_size=268435456",
+)
 
 
 def temporal_binary() -> str:

@@ -7,6 +7,7 @@ never token arrays or long texts (those live in the trajectory store).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 TOOL_STATUSES = ("ok", "error", "timeout")
@@ -61,6 +62,9 @@ class RolloutOptions:
     # queue) rather than to the service of the process running the workflow: one view of
     # the cluster when workflow workers run on several machines. Planned batches always do.
     central_scheduler: bool = False
+    # Wall seconds per modelled second of the stack that runs the batch (its batch
+    # workflow sets it from the stack): a replayed tool waits its latency times this.
+    time_scale: float = 0.0
 
 
 @dataclass
@@ -69,6 +73,28 @@ class BatchInput:
     num_trajectories: int
     options: RolloutOptions = field(default_factory=RolloutOptions)
     page_size: int = 256
+
+
+@dataclass
+class SliceInput:
+    """A slice of a large batch: its trajectories `offset .. offset + count - 1`."""
+
+    batch_id: str
+    offset: int
+    count: int
+    options: RolloutOptions
+    page_size: int = 256
+    started_at: float = 0.0  # the batch's start: completion times count from it
+    window: int = 4096  # trajectories of the slice running at once
+
+
+@dataclass
+class SliceOutcome:
+    completed: int
+    failed: int
+    generated_tokens: int
+    completion_s: list[float] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -121,6 +147,17 @@ class DecideRequest:
     # Its batch was planned (Heddle): a service that lost the plan plans it again.
     planned: bool = False
 
+    def after_output(self, tokens: int) -> DecideRequest:
+        """The view as the step's `tokens` end, before any tool result: what the engine
+        host re-predicts from during the tool call."""
+        return dataclasses.replace(
+            self,
+            step_index=self.step_index + 1,
+            context_tokens=self.context_tokens + tokens,
+            generated_tokens=self.generated_tokens + tokens,
+            recent_output_tokens=[*self.recent_output_tokens[-3:], tokens],
+        )
+
 
 @dataclass
 class StepReport:
@@ -154,6 +191,14 @@ class GenerateRequest:
     context_tokens: int
     max_new_tokens: int
     priority: int = 0
+    # The lean step path: the request the step was decided on. The engine host then
+    # keeps the step's books itself: it reports the step's end to its scheduler service,
+    # carries out a mid-decode move within this activity, and (`anticipate`, a tool call
+    # follows) re-predicts as the step ends and moves the KV during the tool call.
+    decided: DecideRequest | None = None
+    anticipate: bool = False
+    # The decision moved the trajectory here: its KV comes from this instance first.
+    move_from: str = ""
 
 
 @dataclass
@@ -169,6 +214,9 @@ class GenerateResult:
     # The step was stopped mid-decode to continue on this instance (its KV moves there);
     # `output_tokens` is what it made here.
     moved_to: str = ""
+    # The lean path's re-prediction moved the trajectory on as the step ended: its KV
+    # goes there during the tool call, and its next step is decided from there.
+    next_instance: str = ""
 
 
 @dataclass
@@ -313,6 +361,9 @@ class ClusterPlan:
     # The planning batch whose split the cluster runs ("" when none holds it): a second
     # planning batch waits for it to finish before planning its own.
     owner: str = ""
+    # HOST:PORT of the engine host's scheduler service, which every worker's decide
+    # calls ("" until the engine host announces it).
+    scheduler_address: str = ""
 
 
 @dataclass

@@ -24,13 +24,14 @@ from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle.config import ClusterConfig
 from heddle.engine_host import EngineHost, ensure_control_workflow
 from heddle.queues import control_queue, tools_queue, trajectories_queue
+from heddle.scheduler_link import LocalScheduler, RemoteScheduler, Scheduler, SchedulerServer
 from heddle.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
 from scheduler.plan import initial_plan
 from scheduler.service import SchedulerService
 from workflows import policy
-from workflows.batch import RolloutBatchWorkflow
+from workflows.batch import RolloutBatchWorkflow, RolloutSliceWorkflow
 from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -53,6 +54,10 @@ class WorkerOptions:
     # One process of a stack hosts the engines (and the control activities); others
     # run workflows and tools only, or each would add a copy of every instance.
     host_engines: bool = True
+    # Where the engine host's scheduler service listens for the other workers' decides
+    # (port 0: any free one); the host announces it in the cluster plan.
+    scheduler_host: str = "127.0.0.1"
+    scheduler_port: int = 0
 
 
 def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
@@ -125,13 +130,25 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     store_acts = StoreActivities(
         store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)
     )
-    sched_acts = SchedulerActivities(service=service, replan=Replanner(store, service))
+    # The cluster's one scheduler is the engine host's: in this process, or reached at
+    # the address the host announced in the plan.
+    local = LocalScheduler(service, Replanner(store, service))
+    server: SchedulerServer | None = None
+    scheduler: Scheduler = local
+    if pool is None:
+        scheduler = RemoteScheduler(lambda: host.plan.scheduler_address if host.plan else "")
+    sched_acts = SchedulerActivities(scheduler=scheduler)
     tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
     workers = [
         Worker(
             client,
             task_queue=trajectories_queue(prefix),
-            workflows=[TrajectoryWorkflow, RolloutBatchWorkflow, ClusterControlWorkflow],
+            workflows=[
+                TrajectoryWorkflow,
+                RolloutBatchWorkflow,
+                RolloutSliceWorkflow,
+                ClusterControlWorkflow,
+            ],
             activities=[
                 store_acts.begin_batch,
                 store_acts.load_specs,
@@ -143,6 +160,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 sched_acts.anticipate,
                 sched_acts.report_step,
                 sched_acts.report_done,
+                tool_acts.reward,  # a local activity on the lean path
             ],
             max_concurrent_workflow_tasks=200,
             max_concurrent_local_activities=200,
@@ -199,6 +217,11 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         cluster.tp_choices,
     )
     control = await ensure_control_workflow(client, initial, prefix)
+    if pool is not None:
+        server = SchedulerServer(local)
+        address = await server.start(opts.scheduler_host, opts.scheduler_port)
+        await control.execute_update(ClusterControlWorkflow.announce_scheduler, address)
+        log.info("scheduler service at %s", address)
     runs.append(asyncio.create_task(host.follow(control)))
     runs.append(asyncio.create_task(host.review()))
     waiter = asyncio.create_task(stop.wait())
@@ -209,6 +232,10 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
             task.cancel()
         await host.close()
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        if server is not None:
+            await server.close()
+        if isinstance(scheduler, RemoteScheduler):
+            await scheduler.close()
         for task in done:
             if task is not waiter and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]

@@ -25,7 +25,7 @@ from itertools import pairwise
 import numpy as np
 
 from engines.costmodel import CostModel
-from heddle.sim.bound import allowed_costs, longest_alone_s, memory_reads_s
+from engines.trajectory_costs import allowed_costs, longest_alone_s, memory_reads_s
 from heddle.types import Decision, TrajectorySpec
 from scheduler.interface import InstanceSpec, InstanceState, PolicyContext, Reshape, StepEvent
 from scheduler.placement import least_loaded

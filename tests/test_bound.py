@@ -6,14 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engines.costmodel import CostModel
+from engines.trajectory_costs import allowed_costs, apart_floor_s, attended_tokens
 from heddle.sim import lower_bound, simulate
-from heddle.sim.bound import (
-    allowed_costs,
-    apart_floor_s,
-    attended_tokens,
-    streams_lp_s,
-    streams_s,
-)
+from heddle.sim.bound import streams_lp_s, streams_s
 from heddle.types import StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext

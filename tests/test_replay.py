@@ -5,6 +5,8 @@ code change that alters their commands would break running batches on deploy, an
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
@@ -19,8 +21,12 @@ from heddle.types import (
 )
 from tests.changed_workflow import ChangedTrajectoryWorkflow
 from tests.live import live_client
-from workflows.batch import RolloutBatchWorkflow
+from workflows.batch import RolloutBatchWorkflow, RolloutSliceWorkflow
+from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+WORKFLOWS = [TrajectoryWorkflow, RolloutBatchWorkflow, RolloutSliceWorkflow, ClusterControlWorkflow]
 
 
 def _spec(tid: str, statuses: list[str]) -> TrajectorySpec:
@@ -55,7 +61,7 @@ def test_recorded_histories_replay_and_a_changed_workflow_does_not(
         for history in recorded:
             await replayer.replay_workflow(history)
 
-    asyncio.run(replay([TrajectoryWorkflow, RolloutBatchWorkflow], histories))
+    asyncio.run(replay(WORKFLOWS, histories))
 
     # The check can fail: see ChangedTrajectoryWorkflow.
     with pytest.raises(Exception, match=r"[Nn]ondetermin"):
@@ -76,3 +82,21 @@ def test_llm_steps_carry_a_task_queue_priority(
     ]
     assert len(keys) == 3 + 3 + 1  # one per LLM step of the three trajectories
     assert all(1 <= k <= 5 for k in keys)
+
+
+@pytest.mark.parametrize("recorded", sorted(HISTORIES.glob("*.json")), ids=lambda p: p.stem)
+def test_histories_recorded_before_a_change_still_replay(recorded: Path) -> None:
+    """Histories recorded by earlier code (`python -m tests.histories.record`): the
+    workflows still in flight when a deploy lands must go on. 1f142af is the step path
+    before the lean one: scheduler calls as activities, the workflow moving KV."""
+    histories = [
+        WorkflowHistory.from_json(f"{recorded.stem}-{k}", h)
+        for k, h in enumerate(json.loads(recorded.read_text()))
+    ]
+
+    async def replay() -> None:
+        replayer = Replayer(workflows=WORKFLOWS)
+        for history in histories:
+            await replayer.replay_workflow(history)
+
+    asyncio.run(replay())

@@ -308,30 +308,10 @@ def test_a_migrated_trajectory_finds_its_kv_on_the_new_instance(
                 history = await client.temporal.get_workflow_handle(
                     f"{handle.batch_id}/{r.spec.trajectory_id}"
                 ).fetch_history()
-                scheduled = scheduled_activities(history)
-                order = [scheduled[e.event_id] for e in history.events if e.event_id in scheduled]
-                assert order.count("migrate_kv") == 3
-                # Each move starts while the tool call runs: after the tool is scheduled
-                # and before it completes.
-                completed = [
-                    scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
-                    for e in history.events
-                    if e.HasField("activity_task_completed_event_attributes")
-                ]
-                events = [
-                    (scheduled[e.event_id], "start") if e.event_id in scheduled
-                    else (completed.pop(0), "end")
-                    for e in history.events
-                    if e.event_id in scheduled
-                    or e.HasField("activity_task_completed_event_attributes")
-                ]  # fmt: skip
-                for k, event in enumerate(events):
-                    if event == ("migrate_kv", "start"):
-                        assert events[k - 1] == ("run_tool", "start")
-                        assert ("run_tool", "end") in events[k + 1 :]
-                        assert events[k + 1 :].index(("run_tool", "end")) > events[k + 1 :].index(
-                            ("migrate_kv", "end")
-                        )
+                # The engine host moved the KV as each step ended, while the tool ran
+                # (a replayed tool is a timer): one activity per LLM step, nothing else.
+                order = list(scheduled_activities(history).values())
+                assert order == ["generate"] * 4
 
     asyncio.run(run())
 
@@ -398,7 +378,8 @@ def test_a_decode_moves_mid_step_and_makes_each_token_once(
                 f"{handle.batch_id}/t"
             ).fetch_history()
             kinds = list(scheduled_activities(history).values())
-            assert kinds.count("generate") == 2  # the part on i0, the rest on i1
-            assert kinds.count("migrate_kv") == 1
+            # The part on i0 and the rest on i1 are one activity: the engine host that
+            # stopped the decode moved its KV and went on.
+            assert kinds == ["generate"]
 
     asyncio.run(run())

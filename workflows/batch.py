@@ -1,8 +1,11 @@
-"""A rollout batch: one child workflow per trajectory, a bounded in-flight window."""
+"""A rollout batch: one child workflow per trajectory, a bounded in-flight window; a
+large batch fans out through slices of `SLICE_SIZE` trajectories."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
@@ -21,6 +24,9 @@ with workflow.unsafe.imports_passed_through():
         BatchReport,
         BatchStart,
         InstancePlan,
+        RolloutOptions,
+        SliceInput,
+        SliceOutcome,
         SpecPage,
         SpecPageRequest,
         TrajectoryInput,
@@ -28,29 +34,34 @@ with workflow.unsafe.imports_passed_through():
         TrajectorySummary,
     )
     from workflows import policy
-    from workflows.trajectory import TrajectoryWorkflow
+    from workflows.trajectory import LEAN_PATCH, TrajectoryWorkflow
 
 
 # Batches started before planned batches took turns replay without the claim.
 CLAIM_PATCH = "claim-split"
+# Large batches started before slices replay their children from the batch itself.
+SLICE_PATCH = "slices"
+# Trajectories one slice (or a batch of at most this many) runs as its children: well
+# under Temporal's 2,000 pending children a workflow, and a history far from its limits.
+SLICE_SIZE = 64
 
 
 @workflow.defn(name="RolloutBatchWorkflow")
 class RolloutBatchWorkflow:
     def __init__(self) -> None:
-        self._started = 0
-        self._completed = 0
-        self._failed = 0
-        self._generated = 0
+        self._tally = Tally()
 
     @workflow.query
     def progress(self) -> dict[str, int]:
+        """What the batch has seen end (a large batch: per slice, as each slice ends;
+        the client's progress reads the store instead)."""
+        t = self._tally
         return {
-            "started": self._started,
-            "completed": self._completed,
-            "failed": self._failed,
-            "running": self._started - self._completed - self._failed,
-            "generated_tokens": self._generated,
+            "started": t.started,
+            "completed": t.completed,
+            "failed": t.failed,
+            "running": t.started - t.completed - t.failed,
+            "generated_tokens": t.generated_tokens,
         }
 
     @workflow.run
@@ -63,6 +74,10 @@ class RolloutBatchWorkflow:
             retry_policy=policy.STORE_RETRY,
             result_type=BatchStart,
         )
+        if workflow.patched(LEAN_PATCH):
+            # Its trajectories replay tools as timers on the stack's clock.
+            opts = dataclasses.replace(opts, time_scale=stack.time_scale)
+            inp = dataclasses.replace(inp, options=opts)
         claims = opts.plans_split and workflow.patched(CLAIM_PATCH)
         if claims:
             # One planned batch at a time: a second waits for the first to finish, then
@@ -92,55 +107,26 @@ class RolloutBatchWorkflow:
                 heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
             )
         started_at = workflow.now().timestamp()
-        buffered: list[TrajectorySpec] = []
-        offset = 0
-        pending: set[asyncio.Task[TrajectorySummary]] = set()
-        completion_s: list[float] = []
-        failed_ids: list[str] = []
-
-        while offset < inp.num_trajectories or buffered or pending:
-            while len(pending) < opts.max_in_flight and (buffered or offset < inp.num_trajectories):
-                if not buffered:
-                    page = await workflow.execute_activity(
-                        names.LOAD_SPECS,
-                        SpecPageRequest(inp.batch_id, offset, inp.page_size),
-                        start_to_close_timeout=policy.STORE_TIMEOUT,
-                        retry_policy=policy.STORE_RETRY,
-                        result_type=SpecPage,
-                    )
-                    if not page.specs:
-                        offset = inp.num_trajectories  # the store holds fewer than announced
-                        break
-                    offset += len(page.specs)
-                    buffered = list(reversed(page.specs))
-                pending.add(asyncio.ensure_future(self._start(inp, buffered.pop())))
-            if not pending:
-                break
-            done, still = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            pending = set(still)
-            for task in done:
-                summary = task.result()
-                self._generated += summary.generated_tokens
-                if summary.status == "completed":
-                    self._completed += 1
-                else:
-                    self._failed += 1
-                    failed_ids.append(summary.trajectory_id)
-                completion_s.append(max(0.0, summary.finished_at - started_at))
-
+        tally = self._tally
+        tally.started_at = started_at
+        n = inp.num_trajectories
+        if n > SLICE_SIZE and workflow.patched(SLICE_PATCH):
+            await self._run_slices(inp, started_at)
+        else:
+            await run_range(inp.batch_id, 0, n, opts, inp.page_size, opts.max_in_flight, tally)
         finished_at = workflow.now().timestamp()
         scale = stack.time_scale
         wall = finished_at - started_at
         makespan = wall / scale
-        completion_s.sort()
+        completion_s = sorted(tally.completion_s)
         report = BatchReport(
             batch_id=inp.batch_id,
-            trajectories=self._completed + self._failed,
-            completed=self._completed,
-            failed=self._failed,
-            generated_tokens=self._generated,
+            trajectories=tally.completed + tally.failed,
+            completed=tally.completed,
+            failed=tally.failed,
+            generated_tokens=tally.generated_tokens,
             makespan_s=makespan,
-            throughput_tok_s=self._generated / makespan if makespan > 0 else 0.0,
+            throughput_tok_s=tally.generated_tokens / makespan if makespan > 0 else 0.0,
             completion_s={
                 name: percentile(completion_s, q) / scale
                 for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
@@ -150,7 +136,7 @@ class RolloutBatchWorkflow:
             policy=opts.policy,
             time_scale=scale,
             wall_s=wall,
-            failed_ids=failed_ids[:100],
+            failed_ids=tally.failed_ids[:100],
         )
         await workflow.execute_activity(
             names.FINISH_BATCH,
@@ -168,46 +154,159 @@ class RolloutBatchWorkflow:
             )
         return report
 
-    async def _start(self, inp: BatchInput, spec: TrajectorySpec) -> TrajectorySummary:
-        """Run one trajectory as a child; a child that fails outright still yields a
-        summary, so one bad trajectory never fails the batch."""
-        self._started += 1
-        opts = inp.options
-        try:
-            return await workflow.execute_child_workflow(
-                TrajectoryWorkflow.run,
-                TrajectoryInput(batch_id=inp.batch_id, spec=spec, options=opts),
-                id=f"{inp.batch_id}/{spec.trajectory_id}",
+    async def _run_slices(self, inp: BatchInput, started_at: float) -> None:
+        """A large batch starts its trajectories through slices of `SLICE_SIZE`, all at
+        once: each slice's history stays small, and the server starts the children of
+        many parents in parallel instead of serialising them on one."""
+        n, opts = inp.num_trajectories, inp.options
+        offsets = range(0, n, SLICE_SIZE)
+        window = max(1, -(-opts.max_in_flight // len(offsets)))
+        slices = [
+            workflow.execute_child_workflow(
+                RolloutSliceWorkflow.run,
+                SliceInput(
+                    inp.batch_id, offset, min(SLICE_SIZE, n - offset), opts, inp.page_size,
+                    started_at, window,
+                ),
+                id=f"{inp.batch_id}/slice-{k}",
                 task_queue=trajectories_queue(opts.queue_prefix),
                 parent_close_policy=ParentClosePolicy.TERMINATE,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 execution_timeout=timedelta(days=7),
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(sa.BATCH, inp.batch_id),
-                        SearchAttributePair(sa.GROUP, spec.group_id),
-                        SearchAttributePair(sa.WORKLOAD, spec.workload),
-                        SearchAttributePair(sa.STATUS, "running"),
-                        SearchAttributePair(sa.TURN, 0),
-                    ]
-                ),
-                static_summary=(
-                    f"{spec.trajectory_id}: {len(spec.steps)} steps, "
-                    f"{spec.generated_tokens} tokens to generate ({spec.workload})"
-                ),
+                static_summary=f"trajectories {offset}..{min(n, offset + SLICE_SIZE) - 1}",
             )
-        except ChildWorkflowError as exc:
-            now = workflow.now().timestamp()
-            return TrajectorySummary(
-                batch_id=inp.batch_id,
-                trajectory_id=spec.trajectory_id,
-                group_id=spec.group_id,
-                status="failed",
-                finish_reason="error",
-                turns=0,
-                generated_tokens=0,
-                tool_calls=0,
-                started_at=now,
-                finished_at=now,
-                error=str(exc.cause or exc)[:500],
-            )
+            for k, offset in enumerate(offsets)
+        ]  # fmt: skip
+        for outcome in await asyncio.gather(*slices):
+            self._tally.add(outcome)
+
+
+@workflow.defn(name="RolloutSliceWorkflow")
+class RolloutSliceWorkflow:
+    """A slice of a large batch: its trajectories as children, all started at once."""
+
+    @workflow.run
+    async def run(self, inp: SliceInput) -> SliceOutcome:
+        tally = Tally(started_at=inp.started_at)
+        await run_range(
+            inp.batch_id, inp.offset, inp.count, inp.options, inp.page_size, inp.window, tally
+        )
+        return SliceOutcome(
+            completed=tally.completed,
+            failed=tally.failed,
+            generated_tokens=tally.generated_tokens,
+            completion_s=tally.completion_s,
+            failed_ids=tally.failed_ids[:100],
+        )
+
+
+@dataclass
+class Tally:
+    """A workflow's trajectories as they start and end; completion times count from
+    the batch's start."""
+
+    started_at: float = 0.0
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    completion_s: list[float] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
+
+    def ended(self, summary: TrajectorySummary) -> None:
+        self.generated_tokens += summary.generated_tokens
+        if summary.status == "completed":
+            self.completed += 1
+        else:
+            self.failed += 1
+            self.failed_ids.append(summary.trajectory_id)
+        self.completion_s.append(max(0.0, summary.finished_at - self.started_at))
+
+    def add(self, outcome: SliceOutcome) -> None:
+        self.started += outcome.completed + outcome.failed
+        self.completed += outcome.completed
+        self.failed += outcome.failed
+        self.generated_tokens += outcome.generated_tokens
+        self.completion_s += outcome.completion_s
+        self.failed_ids += outcome.failed_ids
+
+
+async def run_range(
+    batch_id: str,
+    offset: int,
+    count: int,
+    opts: RolloutOptions,
+    page_size: int,
+    window: int,
+    tally: Tally,
+) -> None:
+    """Run the batch's trajectories `offset .. offset + count - 1` as child workflows,
+    at most `window` at a time, their specs read from the store a page at a time."""
+    end = offset + count
+    buffered: list[TrajectorySpec] = []
+    pending: set[asyncio.Task[TrajectorySummary]] = set()
+    while offset < end or buffered or pending:
+        while len(pending) < window and (buffered or offset < end):
+            if not buffered:
+                page = await workflow.execute_activity(
+                    names.LOAD_SPECS,
+                    SpecPageRequest(batch_id, offset, min(page_size, end - offset)),
+                    start_to_close_timeout=policy.STORE_TIMEOUT,
+                    retry_policy=policy.STORE_RETRY,
+                    result_type=SpecPage,
+                )
+                if not page.specs:
+                    offset = end  # the store holds fewer than announced
+                    break
+                offset += len(page.specs)
+                buffered = list(reversed(page.specs))
+            tally.started += 1
+            pending.add(asyncio.ensure_future(_run_one(batch_id, opts, buffered.pop())))
+        if not pending:
+            break
+        done, still = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        pending = set(still)
+        for task in done:
+            tally.ended(task.result())
+
+
+async def _run_one(batch_id: str, opts: RolloutOptions, spec: TrajectorySpec) -> TrajectorySummary:
+    """Run one trajectory as a child; a child that fails outright still yields a
+    summary, so one bad trajectory never fails the batch."""
+    try:
+        return await workflow.execute_child_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(batch_id=batch_id, spec=spec, options=opts),
+            id=f"{batch_id}/{spec.trajectory_id}",
+            task_queue=trajectories_queue(opts.queue_prefix),
+            parent_close_policy=ParentClosePolicy.TERMINATE,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            execution_timeout=timedelta(days=7),
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(sa.BATCH, batch_id),
+                    SearchAttributePair(sa.GROUP, spec.group_id),
+                    SearchAttributePair(sa.WORKLOAD, spec.workload),
+                    SearchAttributePair(sa.STATUS, "running"),
+                    SearchAttributePair(sa.TURN, 0),
+                ]
+            ),
+            static_summary=(
+                f"{spec.trajectory_id}: {len(spec.steps)} steps, "
+                f"{spec.generated_tokens} tokens to generate ({spec.workload})"
+            ),
+        )
+    except ChildWorkflowError as exc:
+        now = workflow.now().timestamp()
+        return TrajectorySummary(
+            batch_id=batch_id,
+            trajectory_id=spec.trajectory_id,
+            group_id=spec.group_id,
+            status="failed",
+            finish_reason="error",
+            turns=0,
+            generated_tokens=0,
+            tool_calls=0,
+            started_at=now,
+            finished_at=now,
+            error=str(exc.cause or exc)[:500],
+        )

@@ -92,6 +92,12 @@ class ClusterControlWorkflow:
         return self._plan.owner
 
     @workflow.update
+    def announce_scheduler(self, address: str) -> None:
+        """The engine host's scheduler service listens at `address` (HOST:PORT): every
+        worker's decide goes there. A restarted host announces its new address."""
+        self._plan = dataclasses.replace(self._plan, scheduler_address=address)
+
+    @workflow.update
     def release(self, batch_id: str) -> None:
         if self._plan.owner == batch_id:
             self._plan = dataclasses.replace(self._plan, owner="")

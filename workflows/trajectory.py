@@ -36,6 +36,12 @@ with workflow.unsafe.imports_passed_through():
 
 # Workflows started before the tool call hid the move replay without it.
 ANTICIPATE_PATCH = "anticipate-during-tool"
+# The lean step path: every scheduler call a local activity, the engine host keeping the
+# step's books (report, KV moves, the re-prediction during the tool call), the reward a
+# local activity. Workflows started before it replay their activities as recorded.
+LEAN_PATCH = "lean-step"
+# The shortest timer a replayed tool waits (Temporal's timers are milliseconds).
+MIN_TIMER_S = 0.001
 
 
 @dataclasses.dataclass
@@ -100,6 +106,7 @@ class TrajectoryWorkflow:
         self._turn = 0
         self._generated = 0
         self._instance = ""
+        self._lean = False
 
     @workflow.query
     def progress(self) -> dict[str, int | str]:
@@ -108,6 +115,7 @@ class TrajectoryWorkflow:
     @workflow.run
     async def run(self, inp: TrajectoryInput) -> TrajectorySummary:
         spec, opts = inp.spec, inp.options
+        self._lean = workflow.patched(LEAN_PATCH)
         started_at = workflow.now().timestamp()
         await workflow.execute_local_activity(
             names.MARK_STARTED,
@@ -127,7 +135,9 @@ class TrajectoryWorkflow:
                 new_tokens = min(step.output_tokens, budget)
                 request = seen.request(inp, index, self._generated, self._instance)
                 decision = await self._scheduler(opts, names.DECIDE, request, Decision)
-                if decision.migrate and self._instance and self._instance != decision.instance_id:
+                moves = decision.migrate and self._instance not in ("", decision.instance_id)
+                move_from = self._instance if moves and self._lean else ""
+                if moves and not self._lean:
                     # Its KV moves to the new instance instead of being recomputed there.
                     await workflow.execute_activity(
                         names.MIGRATE_KV,
@@ -144,7 +154,9 @@ class TrajectoryWorkflow:
                         sa.GENERATED.value_set(self._generated),
                     ]
                 )
-                generated = await self._generate(inp, index, new_tokens, decision, request)
+                generated = await self._generate(
+                    inp, index, new_tokens, decision, request, move_from, step.tool is not None
+                )
                 self._generated += generated.output_tokens
                 seen.add_output(generated.output_tokens)
                 record = StepRecord(
@@ -166,30 +178,27 @@ class TrajectoryWorkflow:
                     await self._record(record)
                     break
                 if step.tool is not None:
-                    tool_call = workflow.start_activity(
-                        names.RUN_TOOL,
-                        ToolRequest(
-                            trajectory_id=spec.trajectory_id,
-                            step_index=index,
-                            tool=step.tool,
-                            mode=opts.tools,
-                            latency_s=step.tool_latency_s,
-                            status=step.tool_status,
-                            output_tokens=step.tool_output_tokens,
-                            tool_input_ref=step.tool_input_ref,
-                            batch_id=inp.batch_id,
-                        ),
-                        task_queue=tools_queue(opts.queue_prefix),
-                        start_to_close_timeout=policy.TOOL_TIMEOUT,
-                        heartbeat_timeout=policy.TOOL_HEARTBEAT,
-                        retry_policy=policy.retry(opts.max_attempts),
-                        result_type=ToolResult,
+                    request_tool = ToolRequest(
+                        trajectory_id=spec.trajectory_id,
+                        step_index=index,
+                        tool=step.tool,
+                        mode=opts.tools,
+                        latency_s=step.tool_latency_s,
+                        status=step.tool_status,
+                        output_tokens=step.tool_output_tokens,
+                        tool_input_ref=step.tool_input_ref,
+                        batch_id=inp.batch_id,
                     )
-                    if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
-                        # Its re-prediction from this step's output, hidden by the tool.
-                        ahead = seen.request(inp, index + 1, self._generated, self._instance)
-                        await self._move_during_tool(opts, ahead)
-                    tool = await tool_call
+                    if self._lean:
+                        # The engine host re-predicted as the step ended.
+                        tool = await self._tool(opts, request_tool)
+                    else:
+                        tool_call = self._tool_activity(opts, request_tool)
+                        if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
+                            # Its re-prediction from this step's output, hidden by the tool.
+                            ahead = seen.request(inp, index + 1, self._generated, self._instance)
+                            await self._move_during_tool(opts, ahead)
+                        tool = await tool_call
                     seen.add_tool(step.tool, tool)
                     record.tool = step.tool
                     record.tool_status = tool.status
@@ -208,15 +217,11 @@ class TrajectoryWorkflow:
         status = "failed" if finish_reason == "error" else "completed"
         reward = 0.0
         if status == "completed":
-            reward = await workflow.execute_activity(
-                names.REWARD,
+            reward = await self._reward(
+                opts,
                 RewardRequest(
                     inp.batch_id, spec.trajectory_id, finish_reason, seen.last_tool_status
                 ),
-                task_queue=tools_queue(opts.queue_prefix),
-                start_to_close_timeout=policy.STORE_TIMEOUT,
-                retry_policy=policy.STORE_RETRY,
-                result_type=float,
             )
         summary = TrajectorySummary(
             batch_id=inp.batch_id,
@@ -288,12 +293,14 @@ class TrajectoryWorkflow:
         new_tokens: int,
         decision: Decision,
         request: DecideRequest,
+        move_from: str = "",
+        before_tool: bool = False,
     ) -> GenerateResult:
         """One LLM step on the decided instance (`request`: what it was decided on). If
         the scheduler stops it mid-decode to move it (a long decode outgrew its instance),
-        its KV moves and the step goes on on the new instance from the tokens made; if the
-        instance's engine dies, the step is decided again and goes on elsewhere. The
-        result covers the whole step."""
+        it goes on on the new instance from the tokens made (the engine host moves it on
+        the lean path; the workflow did before); if the instance's engine dies, the step
+        is decided again and goes on elsewhere. The result covers the whole step."""
         opts, tid, context = inp.options, inp.spec.trajectory_id, request.context_tokens
         instance, made, deaths = decision.instance_id, 0, 0
         first: GenerateResult | None = None
@@ -309,6 +316,7 @@ class TrajectoryWorkflow:
                         context_tokens=context + made,
                         max_new_tokens=new_tokens - made,
                         priority=decision.priority,
+                        **self._books(request, made, decision, move_from, before_tool),
                     ),
                     task_queue=engine_queue(instance, opts.queue_prefix),
                     priority=Priority(priority_key=decision.priority_key or None),
@@ -324,23 +332,29 @@ class TrajectoryWorkflow:
                     raise
                 made += lost_engine_made
             finally:
-                await self._scheduler(
-                    opts, names.REPORT_STEP, StepReport(tid, instance, index, new_tokens - made)
-                )
-            if part is None:
-                # Its engine died: decided again, it goes on where the scheduler says.
+                if not self._lean:
+                    await self._scheduler(
+                        opts, names.REPORT_STEP, StepReport(tid, instance, index, new_tokens - made)
+                    )
+            move_from = ""
+            if part is not None:
+                first = first or part
+                made += part.output_tokens
+                instance = self._instance = part.next_instance or part.instance_id
+                if not part.moved_to or made >= new_tokens:
+                    break
+            if part is None or self._lean:
+                # Its engine died (or the instance it was moving to went away): decided
+                # again, it goes on where the scheduler says.
                 again = dataclasses.replace(
                     request,
                     context_tokens=context + made,
                     generated_tokens=request.generated_tokens + made,
+                    previous_instance=self._instance,
                 )
                 decision = await self._scheduler(opts, names.DECIDE, again, Decision)
                 instance = self._instance = decision.instance_id
                 continue
-            first = first or part
-            made += part.output_tokens
-            if not part.moved_to or made >= new_tokens:
-                break
             await workflow.execute_activity(
                 names.MIGRATE_KV,
                 MigrateRequest(tid, instance, part.moved_to),
@@ -349,9 +363,11 @@ class TrajectoryWorkflow:
                 retry_policy=policy.retry(opts.max_attempts),
             )
             instance = self._instance = part.moved_to
+        assert part is not None
+        assert first is not None
         return dataclasses.replace(
             part,
-            instance_id=instance,
+            instance_id=part.instance_id,
             output_tokens=made,
             cached_tokens=first.cached_tokens,
             queued_s=first.queued_s,
@@ -359,14 +375,84 @@ class TrajectoryWorkflow:
             resumed_tokens=first.resumed_tokens,
         )
 
+    def _books(
+        self,
+        request: DecideRequest,
+        made: int,
+        decision: Decision,
+        move_from: str,
+        before_tool: bool,
+    ) -> dict[str, Any]:
+        """The lean path's part of a generate request: what the engine host needs to
+        keep the step's books (none before it: the workflow kept them)."""
+        if not self._lean:
+            return {}
+        decided = dataclasses.replace(
+            request,
+            context_tokens=request.context_tokens + made,
+            generated_tokens=request.generated_tokens + made,
+        )
+        return {
+            "decided": decided,
+            "anticipate": decision.anticipate and before_tool,
+            "move_from": move_from,
+        }
+
+    def _tool_activity(
+        self, opts: RolloutOptions, request: ToolRequest
+    ) -> workflow.ActivityHandle[ToolResult]:
+        return workflow.start_activity(
+            names.RUN_TOOL,
+            request,
+            task_queue=tools_queue(opts.queue_prefix),
+            start_to_close_timeout=policy.TOOL_TIMEOUT,
+            heartbeat_timeout=policy.TOOL_HEARTBEAT,
+            retry_policy=policy.retry(opts.max_attempts),
+            result_type=ToolResult,
+        )
+
+    async def _tool(self, opts: RolloutOptions, request: ToolRequest) -> ToolResult:
+        """A tool call. Replaying a trace, the tool is its recorded latency: a durable
+        timer (none for an instant tool) costs the server less than an activity that
+        only sleeps. Real tools run as activities on the tools queue."""
+        if opts.tools != "replay" or opts.time_scale <= 0:
+            return await self._tool_activity(opts, request)
+        wait_s = request.latency_s * opts.time_scale
+        if wait_s > 0:
+            await workflow.sleep(max(MIN_TIMER_S, wait_s))
+        return ToolResult(
+            status=request.status,
+            output_tokens=request.output_tokens,
+            latency_s=request.latency_s,
+        )
+
+    async def _reward(self, opts: RolloutOptions, request: RewardRequest) -> float:
+        if self._lean:
+            reward: float = await workflow.execute_local_activity(
+                names.REWARD,
+                request,
+                start_to_close_timeout=policy.STORE_TIMEOUT,
+                retry_policy=policy.STORE_RETRY,
+                result_type=float,
+            )
+            return reward
+        reward = await workflow.execute_activity(
+            names.REWARD,
+            request,
+            task_queue=tools_queue(opts.queue_prefix),
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+            result_type=float,
+        )
+        return reward
+
     async def _scheduler(
         self, opts: RolloutOptions, name: str, arg: Any, result_type: Any = None
     ) -> Any:
-        """A call to the scheduler service: a local activity (the service of this worker
-        process), or an activity on the engine host's queue, whose service holds the whole
-        cluster's view whichever process runs this workflow (a planned batch, or a batch
-        that asked for the central scheduler)."""
-        if opts.plans_split or opts.central_scheduler:
+        """A call to the scheduler service: a local activity, which reaches the engine
+        host's service from whichever process runs this workflow. Before the lean path,
+        a planned or central batch's calls were activities on the engine host's queue."""
+        if not self._lean and (opts.plans_split or opts.central_scheduler):
             return await workflow.execute_activity(
                 name,
                 arg,

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow
@@ -238,16 +240,25 @@ class TrajectoryStore:
             )
 
     def record_step(self, record: StepRecord) -> None:
+        """One step's row, written again in place by a retry: two statements and no ORM
+        round trip, since every LLM step of a live batch passes here."""
         key = trajectory_key(record.batch_id, record.trajectory_id)
         values = dataclasses.asdict(record)
         for name in ("batch_id", "trajectory_id"):
             values.pop(name)
         values["observation_ref"] = values["observation_ref"] or None
+        insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        upsert = insert(StepRow).values(trajectory_key=key, **values)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=[StepRow.trajectory_key, StepRow.step_index], set_=values
+        )
         with self._session() as s:
-            s.merge(StepRow(trajectory_key=key, **values))
-            row = s.get(TrajectoryRow, key)
-            if row is not None:
-                row.turns = max(row.turns, record.step_index + 1)
+            s.execute(upsert)
+            s.execute(
+                update(TrajectoryRow)
+                .where(TrajectoryRow.key == key, TrajectoryRow.turns < record.step_index + 1)
+                .values(turns=record.step_index + 1)
+            )
 
     def finish_trajectory(self, summary: TrajectorySummary) -> None:
         with self._session() as s:
@@ -304,6 +315,29 @@ class TrajectoryStore:
                 for st in steps
             ]
             return out
+
+    def batch_progress(self, batch_id: str) -> dict[str, int]:
+        """A batch's trajectories by status, and the tokens of those that ended."""
+        with self._session() as s:
+            rows = s.execute(
+                select(
+                    TrajectoryRow.status,
+                    func.count(),
+                    func.coalesce(func.sum(TrajectoryRow.generated_tokens), 0),
+                )
+                .where(TrajectoryRow.batch_id == batch_id)
+                .group_by(TrajectoryRow.status)
+            ).all()
+        by = {status: (int(n), int(tokens)) for status, n, tokens in rows}
+        completed, failed = by.get("completed", (0, 0)), by.get("failed", (0, 0))
+        running = by.get("running", (0, 0))[0]
+        return {
+            "started": running + completed[0] + failed[0],
+            "completed": completed[0],
+            "failed": failed[0],
+            "running": running,
+            "generated_tokens": completed[1] + failed[1],
+        }
 
     def count_steps(self, batch_id: str) -> int:
         with self._session() as s:
