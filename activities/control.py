@@ -5,14 +5,15 @@ reshape to its split, and a trajectory's KV moved between instances."""
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from engines.pool import EnginePool
 from heddle import activity_names as names
-from heddle.engine_host import RECONCILE_EVERY_S, EngineHost
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
 from heddle.types import (
@@ -30,11 +31,25 @@ from workflows.control import ClusterControlWorkflow
 MAX_BATCH = 1_000_000
 MAX_BATCHES = 1_000
 
+# How often every worker reads the cluster plan (the engine host's reconcile loop).
+RECONCILE_EVERY_S = 0.5
 POLL_S = 0.1
 CLAIM_POLL_S = 1.0
 # Idle this long before an instance counts as drained: every process has then read the
 # plan that marks it draining, so no new step is decided for it.
 SETTLE_S = 4 * RECONCILE_EVERY_S
+
+
+class Host(Protocol):
+    """What the control activities use of the engine host (`heddle.runtime.engine_host`)."""
+
+    service: SchedulerService
+    pool: EnginePool | None
+    prefix: str
+
+    def load(self, instance_id: str) -> int: ...
+
+    def is_up(self, instance_id: str) -> bool: ...
 
 
 async def plan_from_store(
@@ -76,7 +91,7 @@ class Replanner:
 
 
 class ControlActivities:
-    def __init__(self, *, host: EngineHost, store: TrajectoryStore) -> None:
+    def __init__(self, *, host: Host, store: TrajectoryStore) -> None:
         self.host = host
         self.store = store
 

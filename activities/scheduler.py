@@ -8,11 +8,25 @@ the host's socket), so a decide costs no Temporal round trip.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from temporalio import activity
 
 from heddle import activity_names as names
-from heddle.scheduler_link import Scheduler
 from heddle.types import DecideRequest, Decision, StepReport, TrajectoryDone
+
+
+class Scheduler(Protocol):
+    """What a trajectory's activities ask of the scheduler service: `heddle.runtime.
+    scheduler_link` gives the engine host's, in its process or over its socket."""
+
+    async def decide(self, request: DecideRequest) -> Decision: ...
+
+    async def anticipate(self, request: DecideRequest) -> Decision | None: ...
+
+    async def report(self, report: StepReport) -> None: ...
+
+    async def finished(self, done: TrajectoryDone) -> None: ...
 
 
 class SchedulerActivities:

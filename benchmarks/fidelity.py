@@ -29,7 +29,7 @@ from heddle import activity_names as names
 from heddle.bench import run_bench
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
-from heddle.stack import EmbeddedStack, free_port
+from heddle.runtime.stack import EmbeddedStack, free_port
 from heddle.stats import percentile
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec

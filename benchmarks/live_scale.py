@@ -34,7 +34,7 @@ from typing import Any
 from heddle.bench import run_bench
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
-from heddle.stack import EmbeddedStack, free_port
+from heddle.runtime.stack import EmbeddedStack, free_port
 from heddle.trace import TraceRecord
 from heddle.types import BatchReport, RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate

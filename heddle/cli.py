@@ -118,7 +118,7 @@ async def _stack_or_address(
 ) -> AsyncIterator[_Target]:
     """Connect to `address`, or to the `heddle dev` running on `state_dir`, or run the
     embedded stack for the duration."""
-    from heddle.stack import EmbeddedStack, running_stack
+    from heddle.runtime.stack import EmbeddedStack, running_stack
 
     if address:
         yield _Target(address, None, store_url, owned=False)
@@ -163,7 +163,12 @@ def dev(
     model: ModelOpt = None,
 ) -> None:
     """Run the embedded stack until Ctrl-C: Temporal dev server, workers, engines."""
-    from heddle.stack import EmbeddedStack, remove_stack_file, running_stack, write_stack_file
+    from heddle.runtime.stack import (
+        EmbeddedStack,
+        remove_stack_file,
+        running_stack,
+        write_stack_file,
+    )
 
     try:
         cfg = _cluster(cluster, engine, model)
@@ -222,7 +227,7 @@ def _detach(argv: list[str], state_dir: Path) -> None:
     """Start `heddle dev` in its own session and return once it is serving."""
     import subprocess
 
-    from heddle.stack import running_stack
+    from heddle.runtime.stack import running_stack
 
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir / "dev.log"
@@ -249,7 +254,7 @@ def _detach(argv: list[str], state_dir: Path) -> None:
 @app.command()
 def stop(state_dir: StateDir = Path(".heddle")) -> None:
     """Stop the background stack started by `heddle dev --detach`."""
-    from heddle.stack import stop_running_stack
+    from heddle.runtime.stack import stop_running_stack
 
     if stop_running_stack(state_dir):
         console.print("stack stopped")
@@ -275,7 +280,7 @@ def worker(
     state_dir: StateDir = Path(".heddle"),
 ) -> None:
     """Run one worker process: workflows, activities, tools and simulated engines."""
-    from heddle.worker import WorkerOptions, run_worker
+    from heddle.runtime.worker import WorkerOptions, run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -456,7 +461,7 @@ async def _follow(handle: Any, total: int, quiet: bool) -> Any:
 
 # ---- the cluster plan --------------------------------------------------------------------
 def _running_address(address: str | None, state_dir: Path) -> str:
-    from heddle.stack import running_stack
+    from heddle.runtime.stack import running_stack
 
     if address:
         return address

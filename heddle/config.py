@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engines.costmodel import GPUS, MODELS
 from heddle.errors import ConfigError
+from heddle.hardware import GPUS, MODELS
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from heddle import search_attributes
-from heddle.stack import ensure_search_attributes, free_port, temporal_binary, wait_for_server
+from heddle.runtime.stack import (
+    ensure_search_attributes,
+    free_port,
+    temporal_binary,
+    wait_for_server,
+)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from typing import Any
 
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
-from heddle.worker import WorkerOptions, run_worker
+from heddle.runtime.worker import WorkerOptions, run_worker
 
 SMALL_CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_tp=1)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from heddle.stack import free_port, port_in_use
+from heddle.runtime.stack import free_port, port_in_use
 from heddle.workloads import generate
 from tests.factories import traj, write_records, write_trace
 from tests.live import in_process_worker

@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 
 from engines.core import EngineCore, EngineLimits
-from engines.costmodel import GPUS, MODELS, CostModel, ModelShape, Move, cheapest_move
+from engines.costmodel import CostModel, Move, cheapest_move
 from engines.request import EngineRequest
+from heddle.hardware import GPUS, MODELS, ModelShape
 
 TOLERANCE = 0.15  # third-party measurements of varying set-ups: within 15%
 

@@ -1,6 +1,6 @@
 """The cluster's engine plan, held durably: which instances run, at which TP degree.
 
-Workers follow the plan (`heddle/engine_host.py` reconciles engines and the scheduler's
+Workers follow the plan (`heddle/runtime/engine_host.py` reconciles engines and the scheduler's
 instance set to it). A reshape arrives as an update, is checked by its validator before
 it is accepted, and runs in three phases so no step is lost: the retiring instances
 drain (take no new steps, finish theirs), then they stop and the new instances start on

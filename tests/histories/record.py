@@ -18,7 +18,12 @@ from pathlib import Path
 from temporalio.client import Client
 
 from heddle import search_attributes
-from heddle.stack import ensure_search_attributes, free_port, temporal_binary, wait_for_server
+from heddle.runtime.stack import (
+    ensure_search_attributes,
+    free_port,
+    temporal_binary,
+    wait_for_server,
+)
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from scheduler import registry

@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from activities.control import RECONCILE_EVERY_S
 from activities.engine import EngineActivities
 from engines.pool import EnginePool
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
@@ -31,7 +32,6 @@ from workflows.control import ClusterControlWorkflow
 
 log = logging.getLogger(__name__)
 
-RECONCILE_EVERY_S = 0.5
 # The engine is the queue: a worker takes every step sent to its instance and the engine
 # core orders them, so this bound only guards memory.
 MAX_STEPS_PER_ENGINE = 8192

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from temporalio.converter import AdvancedJSONEncoder, value_to_type
 
@@ -30,18 +30,6 @@ log = logging.getLogger(__name__)
 
 # A call that gets no answer in this long fails; the local activity retries it.
 CALL_TIMEOUT_S = 10.0
-
-
-class Scheduler(Protocol):
-    """What a trajectory's activities ask of the scheduler service."""
-
-    async def decide(self, request: DecideRequest) -> Decision: ...
-
-    async def anticipate(self, request: DecideRequest) -> Decision | None: ...
-
-    async def report(self, report: StepReport) -> None: ...
-
-    async def finished(self, done: TrajectoryDone) -> None: ...
 
 
 class LocalScheduler:

@@ -15,17 +15,17 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.control import ControlActivities, Replanner
-from activities.scheduler import SchedulerActivities
+from activities.scheduler import Scheduler, SchedulerActivities
 from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from engines.pool import EnginePool, EngineShape
 from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle.config import ClusterConfig
-from heddle.engine_host import EngineHost, ensure_control_workflow
 from heddle.queues import control_queue, tools_queue, trajectories_queue
-from heddle.scheduler_link import LocalScheduler, RemoteScheduler, Scheduler, SchedulerServer
-from heddle.stack import ensure_search_attributes
+from heddle.runtime.engine_host import EngineHost, ensure_control_workflow
+from heddle.runtime.scheduler_link import LocalScheduler, RemoteScheduler, SchedulerServer
+from heddle.runtime.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
 from scheduler.plan import initial_plan

@@ -1,0 +1,56 @@
+"""The models and GPUs Heddle knows: their shapes and datasheet figures. Shared facts,
+below everything: the cluster file is checked against them and the cost model derives
+iteration times from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = 2  # bf16 weights
+BYTES_PER_KV_ELEMENT = 2  # bf16 KV cache
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_params: float
+    num_layers: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * BYTES_PER_PARAM
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head (summed over the TP group)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * BYTES_PER_KV_ELEMENT
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float  # dense
+    nvlink_bytes_per_s: float  # per direction, per GPU
+
+
+# Model shapes: the models' config.json on their Hugging Face cards (Qwen3 technical report).
+MODELS: dict[str, ModelShape] = {
+    "qwen3-8b": ModelShape("qwen3-8b", 8.19e9, 36, 4096, 8, 128),
+    "qwen3-14b": ModelShape("qwen3-14b", 14.8e9, 40, 5120, 8, 128),
+    "qwen3-32b": ModelShape("qwen3-32b", 32.8e9, 64, 5120, 8, 128),
+    # Calibration only (the published vLLM measurements are of Llama-3.1-8B).
+    "llama-3.1-8b": ModelShape("llama-3.1-8b", 8.03e9, 32, 4096, 8, 128),
+}
+
+# GPUs: NVIDIA datasheets (H100 SXM5, H200 SXM, A100 80GB SXM4); NVLink per GPU per direction.
+GPUS: dict[str, GPUSpec] = {
+    "h100": GPUSpec("h100", 80e9, 3.35e12, 989e12, 450e9),
+    "h200": GPUSpec("h200", 141e9, 4.8e12, 989e12, 450e9),
+    "a100": GPUSpec("a100", 80e9, 2.039e12, 312e12, 300e9),
+    "a100-40gb": GPUSpec("a100-40gb", 40e9, 1.555e12, 312e12, 300e9),
+}
