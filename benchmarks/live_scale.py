@@ -10,7 +10,8 @@ simulated engines, SQLite store) at a time scale chosen so the simulated makespa
 history, on the same stack. Per run: live ÷ simulated makespan, the start ramp (wall
 seconds from the batch's start until its last trajectory started), and the CPU seconds
 per LLM step of the worker, the engine host (the same process in the default stack) and
-the Temporal server, read from /proc. Then the ceiling: tiny two-step trajectories with
+the Temporal server, read from /proc. (The history is stored as the earlier batch, not
+rolled out: planning reads its specs only.) Then the ceiling: tiny two-step trajectories with
 no tool wait, as fast as the stack goes, in steps per second (`--ceiling`: 100 of 10
 steps, the shape docs/benchmarks.md measured 22 steps/s on before the lean step path),
 and the start ramp of a large batch of two-step ones (`--ramp`).
@@ -84,7 +85,14 @@ async def live_run(
             client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
             async with client:
                 if history:
-                    await (await client.start_rollout(records=history)).report()
+                    # Planning reads the earlier batch's specs from the store: it is
+                    # stored as a batch the way a rollout stores it, not rolled out.
+                    await asyncio.to_thread(
+                        lambda: client.store.create_batch(
+                            batch_id="history", records=history, options=RolloutOptions(),
+                            source="history", created_at=time.time() - 1,
+                        )
+                    )  # fmt: skip
                 assert stack.server is not None
                 pids = {"server": stack.server.pid, "worker+engine host": stack.workers[0].pid}
                 before = {name: cpu_s(pid) for name, pid in pids.items()}
@@ -126,7 +134,9 @@ def row_of(run: LiveRun) -> dict[str, Any]:
     }
 
 
-async def scale_rows(sizes: list[int], policies: list[str], wall: float) -> dict[str, Any]:
+async def scale_rows(
+    sizes: list[int], policies: list[str], wall: float, steps_per_s: float
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for size in sizes:
         prompts = size // SAMPLES
@@ -136,7 +146,11 @@ async def scale_rows(sizes: list[int], policies: list[str], wall: float) -> dict
         sims = run_bench(trace, CLUSTER, policies, history=past).results
         for policy in policies:
             sim = sims[policy]
-            scale = wall / sim.makespan_s
+            # At least `wall` seconds, and slow enough that the steps come at most at
+            # `steps_per_s`: well under the stack's ceiling, so the run measures the
+            # schedule rather than Temporal.
+            steps = sum(len(t.steps) for t in trace)
+            scale = max(wall, steps / steps_per_s) / sim.makespan_s
             run = await live_run(records, policy, scale, history=earlier)
             row = {
                 "sim_makespan_s": round(sim.makespan_s, 2),
@@ -206,7 +220,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--policy", action="append", help="default: verl, heddle")
-    parser.add_argument("--wall", type=float, default=150.0, help="target live seconds a run")
+    parser.add_argument("--wall", type=float, default=120.0, help="least live seconds a run")
+    parser.add_argument(
+        "--steps-per-s", type=float, default=15.0, help="the most LLM steps a second a run asks"
+    )
     parser.add_argument(
         "--ceiling",
         type=int,
@@ -222,7 +239,8 @@ async def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     out: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
-    out["runs"] = await scale_rows(args.sizes, args.policy or ["verl", "heddle"], args.wall)
+    policies = args.policy or ["verl", "heddle"]
+    out["runs"] = await scale_rows(args.sizes, policies, args.wall, args.steps_per_s)
     if args.ceiling[0]:
         out["ceiling"] = ceiling_against(args.against, *args.ceiling, args.rounds)
         print(f"ceiling: {json.dumps({k: v for k, v in out['ceiling'].items() if k != 'runs'})}")

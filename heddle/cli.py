@@ -105,6 +105,31 @@ class _Target:
     owned: bool  # an embedded stack started for this command, stopped after it
 
 
+def _embedded_stack(
+    state_dir: Path,
+    cluster: ClusterConfig,
+    time_scale: float,
+    headless: bool,
+    port: int,
+    ui_port: int,
+    store_url: str,
+    workers: int = 1,
+) -> Any:
+    """The embedded stack `heddle dev` runs, and `heddle rollout` when none runs."""
+    from heddle.runtime.stack import EmbeddedStack
+
+    return EmbeddedStack(
+        state_dir=state_dir,
+        port=port,
+        ui_port=ui_port,
+        cluster=cluster,
+        time_scale=time_scale,
+        headless=headless,
+        num_workers=workers,
+        store_url=store_url,
+    )
+
+
 @contextlib.asynccontextmanager
 async def _stack_or_address(
     address: str | None,
@@ -118,7 +143,7 @@ async def _stack_or_address(
 ) -> AsyncIterator[_Target]:
     """Connect to `address`, or to the `heddle dev` running on `state_dir`, or run the
     embedded stack for the duration."""
-    from heddle.runtime.stack import EmbeddedStack, running_stack
+    from heddle.runtime.stack import running_stack
 
     if address:
         yield _Target(address, None, store_url, owned=False)
@@ -128,15 +153,7 @@ async def _stack_or_address(
         yield _Target(str(info["address"]), str(ui) if ui else None, str(info["store_url"]), False)
         return
 
-    stack = EmbeddedStack(
-        state_dir=state_dir,
-        cluster=cluster,
-        time_scale=time_scale,
-        headless=headless,
-        port=port,
-        ui_port=ui_port,
-        store_url=store_url,
-    )
+    stack = _embedded_stack(state_dir, cluster, time_scale, headless, port, ui_port, store_url)
     with console.status("starting the embedded stack (Temporal dev server, worker, engines)"):
         await stack.start()
     try:
@@ -164,7 +181,6 @@ def dev(
 ) -> None:
     """Run the embedded stack until Ctrl-C: Temporal dev server, workers, engines."""
     from heddle.runtime.stack import (
-        EmbeddedStack,
         remove_stack_file,
         running_stack,
         write_stack_file,
@@ -183,16 +199,8 @@ def dev(
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         _detach([sys.executable, "-m", "heddle.cli", *argv], state_dir)
         return
-    stack = EmbeddedStack(
-        state_dir=state_dir,
-        port=port,
-        ui_port=ui_port,
-        cluster=cfg,
-        time_scale=time_scale,
-        headless=headless,
-        num_workers=workers,
-        store_url=_store_url(store, state_dir),
-    )
+    url = _store_url(store, state_dir)
+    stack = _embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url, workers)
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -417,7 +425,10 @@ def rollout(
             console.print(_report_table(out, target.ui_url))
             return out, target.owned
 
-    report, owned = asyncio.run(run())
+    try:
+        report, owned = asyncio.run(run())
+    except ValueError as exc:  # refused before the batch was stored (e.g. nothing to learn from)
+        raise _fail(str(exc)) from None
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"report written to {json_out}")

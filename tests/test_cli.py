@@ -16,6 +16,7 @@ import pytest
 from temporalio.client import Client
 
 from heddle.runtime.stack import free_port, port_in_use
+from heddle.store import TrajectoryStore
 from heddle.workloads import generate
 from tests.factories import traj, write_records, write_trace
 from tests.live import in_process_worker
@@ -45,6 +46,25 @@ def test_malformed_trace_is_refused_before_anything_starts(tmp_path: Path) -> No
     assert result.returncode == 2
     assert f"{path}:2: field 'steps[0].tool_latency_s'" in result.stderr.replace("\n", "")
     assert not state.exists()  # no server, no store: nothing half-started
+
+
+def test_a_learning_policy_on_an_empty_store_is_one_error_line(
+    tmp_path: Path, temporal_address: str
+) -> None:
+    """heddle learns from an earlier batch: with none in the store the command says so
+    in one `error:` line, exit status 2, and stores nothing."""
+    trace = write_records(tmp_path / "t.jsonl", generate("math", prompts=1, samples=2))
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    result = heddle(
+        "rollout", "--trace", str(trace), "--policy", "heddle", "--address", temporal_address,
+        "--store", store, "--state-dir", str(tmp_path / "s"),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("error: policy 'heddle' learns from an earlier batch")
+    assert "".join(lines).count("error:") == 1
+    assert TrajectoryStore.open(store).list_batches() == []
 
 
 def test_bad_cluster_and_policy_are_refused(tmp_path: Path) -> None:
