@@ -19,13 +19,15 @@ SCHEDULER_RETRY = RetryPolicy(
 )
 # A step may wait long in an engine's queue behind others; progress is heartbeated.
 GENERATE_TIMEOUT = timedelta(hours=2)
-GENERATE_HEARTBEAT = timedelta(seconds=10)
+GENERATE_HEARTBEAT = timedelta(seconds=30)
 TOOL_TIMEOUT = timedelta(minutes=5)
-TOOL_HEARTBEAT = timedelta(seconds=10)
+TOOL_HEARTBEAT = timedelta(seconds=30)
 # How often a worker sends an activity's heartbeats on (Temporal's default is 80% of the
-# heartbeat timeout: 8 s of the 10, so a worker slowed 2 s by a busy machine times its
-# own steps out). Workers that run heartbeating activities pass this.
-HEARTBEAT_THROTTLE = timedelta(seconds=2)
+# heartbeat timeout: 24 s of the 30, so a worker slowed by a busy machine could time its
+# own steps out). Workers that run heartbeating activities pass this. Every running or
+# queued step heartbeats: at 2 s (and a 10 s timeout) 512 steps in flight sent the
+# server 250 heartbeats a second, more than the steps themselves cost it.
+HEARTBEAT_THROTTLE = timedelta(seconds=5)
 # A batch plan (prediction, TP search, DP) and the reshape to its split (drain + restart).
 PLAN_TIMEOUT = timedelta(minutes=10)
 # A planned batch may wait this long for the one before it to finish.
