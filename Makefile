@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STATE ?= .heddle
-TIME_SCALE ?= 0.1
+TIME_SCALE ?= 0.5
 
 .PHONY: demo test lint stop clean
 

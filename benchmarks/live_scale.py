@@ -59,6 +59,7 @@ def cpu_s(pid: int) -> float:
 class LiveRun:
     report: BatchReport
     start_ramp_s: float  # wall seconds from the batch's start to its last trajectory's
+    with_stack_s: float  # wall seconds from starting the stack to the report
     steps: int
     cpu_per_step_ms: dict[str, float]
 
@@ -80,6 +81,7 @@ async def live_run(
             headless=True,
             port=free_port(),
         )
+        begun = time.monotonic()
         await stack.start()
         try:
             client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
@@ -100,6 +102,7 @@ async def live_run(
                     records=records, options=RolloutOptions(policy=policy)
                 )
                 report = await handle.report()
+                with_stack_s = time.monotonic() - begun
                 after = {name: cpu_s(pid) for name, pid in pids.items()}
                 rows = await client.list_trajectories(handle.batch_id, limit=len(records))
                 steps = await asyncio.to_thread(client.store.count_steps, handle.batch_id)
@@ -109,6 +112,7 @@ async def live_run(
     return LiveRun(
         report=report,
         start_ramp_s=last_start - report.started_at,
+        with_stack_s=with_stack_s,
         steps=steps,
         cpu_per_step_ms={k: 1000 * (after[k] - before[k]) / max(1, steps) for k in pids},
     )
@@ -128,6 +132,7 @@ def row_of(run: LiveRun) -> dict[str, Any]:
         "completed": run.report.completed,
         "failed": run.report.failed,
         "start_ramp_s": round(run.start_ramp_s, 1),
+        "with_stack_s": round(run.with_stack_s, 1),
         "steps": run.steps,
         "steps_per_s": round(run.steps / run.report.wall_s, 1),
         "cpu_ms_per_step": {k: round(v, 1) for k, v in run.cpu_per_step_ms.items()},
