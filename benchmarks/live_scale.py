@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import heddle
 from heddle.bench import run_bench
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
@@ -240,8 +241,17 @@ async def main() -> None:
     parser.add_argument(
         "--ramp", type=int, default=2048, help="two-step tiny trajectories for the start ramp"
     )
+    parser.add_argument(
+        "--against", default=BEFORE, help="the revision whose ceiling runs beside this one's"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="ceiling runs of each, in turns")
+    parser.add_argument("--once", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/live_scale.json"))
     args = parser.parse_args()
+    if args.once:  # one ceiling run, for ceiling_at
+        row = row_of(await live_run(tiny_trace(*args.once), "least_loaded", 1e-4))
+        print(json.dumps({**row, "code": str(Path(heddle.__file__).parents[1])}))
+        return
     started = time.monotonic()
     out: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
     policies = args.policy or ["verl", "heddle"]
