@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -132,17 +132,10 @@ def _embedded_stack(
 
 @contextlib.asynccontextmanager
 async def _stack_or_address(
-    address: str | None,
-    state_dir: Path,
-    cluster: ClusterConfig,
-    time_scale: float,
-    headless: bool,
-    port: int,
-    ui_port: int,
-    store_url: str,
+    address: str | None, state_dir: Path, store_url: str, embedded: Callable[[], Any]
 ) -> AsyncIterator[_Target]:
     """Connect to `address`, or to the `heddle dev` running on `state_dir`, or run the
-    embedded stack for the duration."""
+    embedded stack `embedded()` builds for the duration."""
     from heddle.runtime.stack import running_stack
 
     if address:
@@ -153,7 +146,7 @@ async def _stack_or_address(
         yield _Target(str(info["address"]), str(ui) if ui else None, str(info["store_url"]), False)
         return
 
-    stack = _embedded_stack(state_dir, cluster, time_scale, headless, port, ui_port, store_url)
+    stack = embedded()
     with console.status("starting the embedded stack (Temporal dev server, worker, engines)"):
         await stack.start()
     try:
@@ -413,7 +406,12 @@ def rollout(
 
     async def run() -> tuple[dict[str, Any], bool]:
         url = _store_url(store, state_dir)
-        stack = _stack_or_address(address, state_dir, cfg, time_scale, headless, port, ui_port, url)
+        stack = _stack_or_address(
+            address,
+            state_dir,
+            url,
+            lambda: _embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url),
+        )
         async with stack as target:
             client = await HeddleClient.connect(
                 target.address, store_url=target.store_url, queue_prefix=queue_prefix

@@ -85,6 +85,7 @@ class SchedulerServer:
         self.scheduler = scheduler
         self._server: asyncio.Server | None = None
         self.calls: Counter[str] = Counter()  # served, by call
+        self._answering: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen; returns the HOST:PORT to announce."""
@@ -96,7 +97,9 @@ class SchedulerServer:
         try:
             while line := await reader.readline():
                 message = json.loads(line)
-                asyncio.create_task(self._answer(message, writer))  # noqa: RUF006
+                task = asyncio.create_task(self._answer(message, writer))
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
