@@ -364,8 +364,9 @@ def rollout(
     central_scheduler: Annotated[
         bool,
         typer.Option(
-            help="Decide every step in the engine host's scheduler (workers on several "
-            "machines); default: each worker process decides its own trajectories' steps."
+            hidden=True,
+            help="Kept for old scripts: every step is now decided by the engine host's "
+            "scheduler, whichever worker runs the trajectory.",
         ),
     ] = False,
 ) -> None:

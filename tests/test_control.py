@@ -285,7 +285,12 @@ def test_the_engine_hosts_scheduler_decides_for_workers_on_other_machines(
                 temporal_address, store_url=store_url, queue_prefix=queue_prefix
             )
             async with client:
-                await _plan_when_up(client)
+                # The plan exists once either process starts it; the host announces its
+                # scheduler when it has started it.
+                deadline = asyncio.get_running_loop().time() + 60
+                while not (await _plan_when_up(client)).scheduler_address:
+                    assert asyncio.get_running_loop().time() < deadline, "no announcement"
+                    await asyncio.sleep(0.2)
                 assert (await client.cluster_plan()).scheduler_address.startswith("127.0.0.1:")
                 handle = await client.start_rollout(records=records)
                 report = await asyncio.wait_for(handle.report(), 120)
