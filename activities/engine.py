@@ -137,6 +137,7 @@ class EngineActivities:
 
     async def _move(self, trajectory_id: str, source: str, target: str) -> None:
         assert self.pool is not None
+        await self.pool.settled(trajectory_id)  # the move during the tool call comes first
         try:
             await self.pool.move_prefix(trajectory_id, source, target)
         except Exception:  # the target recomputes the context instead
