@@ -31,18 +31,13 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=64)
     args = ap.parse_args()
     cluster = ClusterConfig(model=args.model, gpu="h100", num_gpus=args.gpus, default_tp=1)
-    costs = allowed_costs(
-        args.model, "h100", args.gpus, cluster.tp_choices, cluster.gpu_memory_utilization
-    )
+    costs = allowed_costs(cluster.shape())
     sizes = dict(num_gpus=args.gpus, max_num_seqs=cluster.max_num_seqs)
     for seed in (int(s) for s in args.seeds.split(",")):
         trace = [
             r.spec for r in generate(args.workload, prompts=400, samples=16, seed=seed, iteration=1)
         ]
-        terms = lower_bound(
-            trace, model=args.model, gpu="h100", tp_choices=cluster.tp_choices,
-            gpu_memory_utilization=cluster.gpu_memory_utilization, **sizes,
-        )  # fmt: skip
+        terms = lower_bound(trace, cluster.shape())
         d = terms["streams_s"]
         print(f"{args.model} {args.workload} seed {seed}: "
               + ", ".join(f"{k} {v:.1f} s" for k, v in terms.items()), flush=True)  # fmt: skip

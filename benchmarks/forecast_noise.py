@@ -11,7 +11,7 @@ log-sigma `sigma`, and every forecast of its remaining tokens is the truth times
 factor: a ranking error that does not shrink as the trajectory runs (Heddle's own
 predictor's does). Each sigma runs twice: with Heddle's pinning rule (pins only where
 GPUs are spare; on math none) and with the DP's first `--pins` groups pinned whatever
-the memory reads (`HeddlePlanner.pin_groups`). Printed beside: heddle with its trained
+the memory reads (`HeddleVariant.pin_groups`). Printed beside: heddle with its trained
 predictor, and that predictor's residual sigma (log remaining tokens) on this trace, at
 the first step, in the first turn as a review sees it, and at later steps.
 
@@ -34,9 +34,10 @@ import numpy as np
 from heddle.config import ClusterConfig
 from heddle.sim import lower_bound, simulate
 from heddle.types import TrajectorySpec
+from scheduler.heddle import HeddleVariant, heddle_policy
+from scheduler.heddle.forecast import LearnedLengths
 from scheduler.interface import PolicyContext, StepEvent
 from scheduler.predictor import FEATURES, GroupMemory, RemainingPredictor, training_rows
-from scheduler.registry import create_policy
 
 NUM_GPUS = 64
 
@@ -77,31 +78,18 @@ def run(model: str, workload: str, seed: int, sigma: float | None, pins: int | N
     """Makespan: heddle on noisy truth (`sigma`), or on its trained predictor (`sigma`
     None); `pins` groups pinned, or Heddle's rule (None)."""
     cluster, trace, history = paper_trace(model, workload, seed)
-    ctx = PolicyContext.for_cluster(cluster, history, trace)
-    policy = create_policy("heddle" if sigma is None else "heddle-oracle", ctx)
-    planner = policy.placement.planner  # type: ignore[attr-defined]
-    if sigma is not None:  # heddle in every respect but its forecasts
-        planner.truth = {}
-        planner.predictor = NoisyTruth(trace, history, sigma, seed)
-    planner.pin_groups = pins
-    result = simulate(
-        trace, policy, model=cluster.model, gpu=cluster.gpu, num_gpus=NUM_GPUS,
-        max_num_seqs=cluster.max_num_seqs, max_num_batched_tokens=cluster.max_num_batched_tokens,
-        gpu_memory_utilization=cluster.gpu_memory_utilization,
-    )  # fmt: skip
-    return result.makespan_s
+    shape = cluster.shape()
+    ctx = PolicyContext(shape, tuple(history), tuple(trace))
+    # heddle in every respect but its forecasts, where `sigma` is given
+    lengths = None if sigma is None else LearnedLengths(NoisyTruth(trace, history, sigma, seed))
+    policy = heddle_policy(ctx, "heddle", HeddleVariant(pin_groups=pins), lengths)
+    return simulate(trace, policy, shape).makespan_s
 
 
 def bound(model: str, workload: str, seed: int) -> float:
     """The trace's lower bound, once for every run beside it."""
     cluster, trace, _ = paper_trace(model, workload, seed)
-    return float(
-        lower_bound(
-            trace, model=cluster.model, gpu=cluster.gpu, num_gpus=NUM_GPUS,
-            tp_choices=cluster.tp_choices, max_num_seqs=cluster.max_num_seqs,
-            gpu_memory_utilization=cluster.gpu_memory_utilization,
-        )["lower_bound_s"]
-    )  # fmt: skip
+    return float(lower_bound(trace, cluster.shape())["lower_bound_s"])
 
 
 def predictor_sigma(model: str, workload: str, seed: int) -> dict[str, float]:

@@ -20,6 +20,7 @@ import numpy as np
 from engines.costmodel import CostModel
 from heddle.bench import run_bench
 from heddle.config import ClusterConfig
+from heddle.hardware import ClusterShape
 from heddle.workloads import generate
 from scheduler.libra import PrefixTree, prompt_key, tool_state
 from scheduler.placement_dp import InstanceModel, solve
@@ -102,7 +103,9 @@ def dp_and_planner_timing() -> None:
     print(f"\nDP, 6,400 trajectories on 16 instances: {min(times) * 1e3:.1f} ms best of 5 "
           f"(target <= 40 ms; the paper: 36-42 ms)")  # fmt: skip
     t = time.perf_counter()
-    plan = SplitPlanner("qwen3-14b", "h100", 64, (1, 2, 4, 8)).plan(lengths, contexts)
+    plan = SplitPlanner(
+        ClusterShape(model="qwen3-14b", gpu="h100", num_gpus=64, tp_choices=(1, 2, 4, 8))
+    ).plan(lengths, contexts)
     print(f"TP planner, 64 GPUs: {time.perf_counter() - t:.2f} s, {plan.evaluated} splits "
           f"costed, chose {plan.tps} (target < 1 s; the paper: about 5 s)")  # fmt: skip
 

@@ -19,6 +19,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from heddle.hardware import ClusterShape
 from heddle.sim import lower_bound, simulate
 from heddle.types import StepSpec, TrajectorySpec
 from scheduler.interface import PolicyContext
@@ -35,13 +36,19 @@ class RandomBatch:
     def tp_choices(self) -> tuple[int, ...]:
         return tuple(t for t in (1, 2, 4, 8) if t <= self.num_gpus)
 
+    @property
+    def cluster(self) -> ClusterShape:
+        return ClusterShape(
+            model=self.model,
+            gpu="h100",
+            num_gpus=self.num_gpus,
+            default_tp=2 if self.model == "qwen3-32b" else 1,
+            tp_choices=self.tp_choices,
+        )
+
     def context(self) -> PolicyContext:
         """Every policy learns from the batch itself and knows its lengths (heddle-oracle)."""
-        return PolicyContext(
-            model=self.model, num_gpus=self.num_gpus,
-            default_tp=2 if self.model == "qwen3-32b" else 1, tp_choices=self.tp_choices,
-            history=tuple(self.specs), truth=tuple(self.specs),
-        )  # fmt: skip
+        return PolicyContext(self.cluster, history=tuple(self.specs), truth=tuple(self.specs))
 
 
 def random_batch(seed: int) -> RandomBatch:
@@ -68,18 +75,13 @@ def random_batch(seed: int) -> RandomBatch:
 def run_batch(seed: int) -> tuple[list[str], float, str]:
     """Problems found on one batch, and its closest run over the bound with the policy."""
     batch = random_batch(seed)
-    cluster = {"model": batch.model, "gpu": "h100", "num_gpus": batch.num_gpus}
-    bound = lower_bound(
-        batch.specs,
-        tp_choices=batch.tp_choices,
-        max_num_seqs=256,
-        **cluster,  # type: ignore[arg-type]
-    )["lower_bound_s"]
+    cluster = batch.cluster
+    bound = lower_bound(batch.specs, cluster)["lower_bound_s"]
     problems, closest, closest_policy = [], float("inf"), ""
     for name in policy_names():
         where = f"seed {seed} {name} ({batch.model}, {batch.num_gpus} GPUs)"
         try:
-            result = simulate(batch.specs, create_policy(name, batch.context()), **cluster)  # type: ignore[arg-type]
+            result = simulate(batch.specs, create_policy(name, batch.context()), cluster)
         except Exception as e:  # a crash of any kind is what this looks for
             problems.append(f"CRASH {where}: {type(e).__name__}: {e}")
             continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from heddle.hardware import ClusterShape
 from heddle.sim import simulate
 from heddle.workloads import generate
 from scheduler.registry import create_policy
@@ -35,7 +36,11 @@ def main() -> None:
         trace = [r.spec for r in generate(args.workload, prompts=max(1, n // 16), seed=0)]
         steps = sum(len(s.steps) for s in trace)
         started = time.perf_counter()
-        simulate(trace, create_policy(args.policy), model=args.model, gpu="h100", num_gpus=gpus)
+        simulate(
+            trace,
+            create_policy(args.policy),
+            ClusterShape(model=args.model, gpu="h100", num_gpus=gpus),
+        )
         wall = time.perf_counter() - started
         first = first or wall
         print(

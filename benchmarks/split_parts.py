@@ -25,6 +25,7 @@ from paper_setting import MODELS  # this folder's sibling script: the models and
 
 from heddle.bench import run_bench
 from heddle.config import ClusterConfig
+from heddle.hardware import ClusterShape
 from heddle.sim.bound import lower_bound
 from heddle.types import TrajectorySpec
 from heddle.workloads import generate
@@ -69,8 +70,16 @@ def main() -> None:
         for it in (1, 0)
     )
     by_length = sorted(trace, key=lambda s: -s.generated_tokens)
-    whole = lower_bound(trace, model=args.model, gpu="h100", num_gpus=NUM_GPUS,
-                        tp_choices=(1, 2, 4, 8), max_num_seqs=256)["lower_bound_s"]  # fmt: skip
+    whole = lower_bound(
+        trace,
+        ClusterShape(
+            model=args.model,
+            gpu="h100",
+            num_gpus=NUM_GPUS,
+            tp_choices=(1, 2, 4, 8),
+            max_num_seqs=256,
+        ),
+    )["lower_bound_s"]
     print(f"{args.model} {args.workload} seed {args.seed}: the whole batch's bound "
           f"{whole:.1f} s; {args.policy} on each part:")  # fmt: skip
     top = run_part("long set", by_length[: args.top], history, args.model, top_gpus, (8,),

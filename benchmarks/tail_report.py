@@ -47,16 +47,15 @@ def main() -> None:
     cluster = ClusterConfig(
         model=args.model, gpu="h100", num_gpus=64, default_tp=MODELS[args.model]
     )
+    shape = cluster.shape()
     # As `heddle.bench.run_bench` simulates, with the steps recorded.
     sim = Simulator(
         trace=trace,
-        policy=create_policy(args.policy, PolicyContext.for_cluster(cluster, history, trace)),
-        model=cluster.model, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
-        max_num_seqs=cluster.max_num_seqs,
-        max_num_batched_tokens=cluster.max_num_batched_tokens,
-        gpu_memory_utilization=cluster.gpu_memory_utilization, record_steps=True,
+        policy=create_policy(args.policy, PolicyContext(shape, tuple(history), tuple(trace))),
+        record_steps=True,
         sample_every_s=args.every,
-    )  # fmt: skip
+        cluster=shape,
+    )
     result = sim.run()
     makespan = result.makespan_s
     print(f"{args.policy} on {args.model} {args.workload} seed {args.seed}: makespan "

@@ -15,8 +15,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engines.costmodel import CostModel
 from engines.queues import create_request_queue, rank
 from engines.request import EngineRequest
+from heddle.hardware import ClusterShape
 
 IterationCost = Callable[..., float]  # CostModel.iteration_s
 
@@ -32,6 +34,21 @@ class EngineLimits:
     max_num_batched_tokens: int = 8192
     policy: str = "fcfs"  # "fcfs" or "priority"
     preemption: bool = True  # priority policy: a waiting request may evict a running one
+
+
+def modelled_core(cluster: ClusterShape, tp: int, policy: str) -> tuple[EngineCore, CostModel]:
+    """A TP-`tp` instance of the cluster as the cost model times it: the one recipe the
+    simulator and the live simulated engines share."""
+    cost = CostModel.of(cluster, tp)
+    if cost.kv_capacity_tokens <= 0:
+        raise ValueError(f"{cluster.model} does not fit on TP-{tp} {cluster.gpu} instances")
+    limits = EngineLimits(
+        kv_capacity_tokens=cost.kv_capacity_tokens,
+        max_num_seqs=cluster.max_num_seqs,
+        max_num_batched_tokens=cluster.max_num_batched_tokens,
+        policy=policy,
+    )
+    return EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from heddle.hardware import BYTES_PER_PARAM, GPUS, MODELS, GPUSpec, ModelShape
+from heddle.hardware import BYTES_PER_PARAM, GPUS, MODELS, ClusterShape, GPUSpec, ModelShape
 
 # Achievable fractions of peak. Batch-1 decode of Llama-3.1-8B in vLLM runs at about 77%
 # of the HBM roofline (J. Musgrave's A100 sweep, see ITERATION_OVERHEAD_S); large
@@ -84,6 +84,11 @@ class CostModel:
         except KeyError:
             raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPUS)}") from None
         return cls(shape, spec, tp, gpu_memory_utilization)
+
+    @classmethod
+    def of(cls, cluster: ClusterShape, tp: int) -> CostModel:
+        """One TP-`tp` instance of the cluster."""
+        return cls.for_names(cluster.model, cluster.gpu, tp, cluster.gpu_memory_utilization)
 
     @property
     def kv_capacity_tokens(self) -> int:

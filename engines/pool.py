@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from engines.core import EngineCore, EngineLimits
+from engines.core import modelled_core
 from engines.costmodel import CostModel, cheapest_move, same_node
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
@@ -25,6 +25,7 @@ from engines.vllm import (
     VllmSettings,
     read_vocab_size,
 )
+from heddle.hardware import ClusterShape
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,12 @@ class Engine(Protocol):
 class EngineShape:
     """What every instance of the cluster shares; only the TP degree differs."""
 
-    model: str
-    gpu: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
+    cluster: ClusterShape
     policy: str = "fcfs"
     time_scale: float = 1.0
 
     def cost(self, tp: int) -> CostModel:
-        return CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization)
+        return CostModel.of(self.cluster, tp)
 
 
 class EnginePool:
@@ -102,18 +99,8 @@ class EnginePool:
 
                 backend = RayVllm(instance_id, self.vllm, tp, use_gpus=self.vllm.use_gpus)
             return VllmEngine(instance_id=instance_id, backend=backend, sessions=self.sessions)
-        shape = self.shape
-        cost = shape.cost(tp)
-        if cost.kv_capacity_tokens <= 0:
-            raise ValueError(f"{shape.model} does not fit on TP-{tp} {shape.gpu} instances")
-        limits = EngineLimits(
-            kv_capacity_tokens=cost.kv_capacity_tokens,
-            max_num_seqs=shape.max_num_seqs,
-            max_num_batched_tokens=shape.max_num_batched_tokens,
-            policy=shape.policy,
-        )
-        core = EngineCore(limits=limits, iteration_cost=cost.iteration_s)
-        return SimulatedEngine(instance_id=instance_id, core=core, time_scale=shape.time_scale)
+        core, _ = modelled_core(self.shape.cluster, tp, self.shape.policy)
+        return SimulatedEngine(instance_id=instance_id, core=core, time_scale=self.shape.time_scale)
 
     async def add(self, instance_id: str, tp: int, first_gpu: int = 0) -> Engine:
         """Start an instance on `tp` GPUs from `first_gpu` (idempotent: an instance

@@ -8,20 +8,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engines.costmodel import CostModel, IterationTerms
+from heddle.hardware import ClusterShape
 from heddle.types import TrajectorySpec
 
 
-def allowed_costs(
-    model: str, gpu: str, num_gpus: int, tp_choices: Sequence[int], gpu_memory_utilization: float
-) -> list[CostModel]:
+def allowed_costs(cluster: ClusterShape) -> list[CostModel]:
     """The instance shapes a schedule may use: the allowed degrees the model fits on."""
     costs = [
-        CostModel.for_names(model, gpu, tp, gpu_memory_utilization)
-        for tp in tp_choices
-        if tp <= num_gpus and CostModel.for_names(model, gpu, tp).kv_capacity_tokens > 0
+        CostModel.of(cluster, tp)
+        for tp in cluster.tp_choices
+        if tp <= cluster.num_gpus
+        and CostModel.for_names(cluster.model, cluster.gpu, tp).kv_capacity_tokens > 0
     ]
     if not costs:
-        raise ValueError(f"{model} fits on no allowed TP degree of {num_gpus} {gpu} GPUs")
+        raise ValueError(
+            f"{cluster.model} fits on no allowed TP degree of {cluster.num_gpus} {cluster.gpu} GPUs"
+        )
     return costs
 
 

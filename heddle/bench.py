@@ -44,30 +44,12 @@ def run_bench(
     predictor_seed: int = 0,
 ) -> BenchResult:
     """Simulate each policy on the trace; unknown names fail before any run."""
-    ctx = PolicyContext.for_cluster(cluster, history, trace, predictor_seed)
+    shape = cluster.shape()
+    ctx = PolicyContext(shape, tuple(history), tuple(trace), predictor_seed)
     built = [create_policy(name, ctx) for name in policies]  # validates every name first
-    bench = BenchResult(
-        lower_bound(
-            trace,
-            model=cluster.model,
-            gpu=cluster.gpu,
-            num_gpus=cluster.num_gpus,
-            tp_choices=cluster.tp_choices,
-            max_num_seqs=cluster.max_num_seqs,
-            gpu_memory_utilization=cluster.gpu_memory_utilization,
-        )
-    )
+    bench = BenchResult(lower_bound(trace, shape))
     for policy in built:
-        bench.results[policy.name] = simulate(
-            trace,
-            policy,
-            model=cluster.model,
-            gpu=cluster.gpu,
-            num_gpus=cluster.num_gpus,
-            max_num_seqs=cluster.max_num_seqs,
-            max_num_batched_tokens=cluster.max_num_batched_tokens,
-            gpu_memory_utilization=cluster.gpu_memory_utilization,
-        )
+        bench.results[policy.name] = simulate(trace, policy, shape)
     return bench
 
 

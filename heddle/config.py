@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heddle.errors import ConfigError
-from heddle.hardware import GPUS, MODELS
+from heddle.hardware import GPUS, MODELS, ClusterShape
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -87,6 +87,19 @@ class ClusterConfig(BaseModel):
                 f"num_gpus: {self.num_gpus} GPUs do not divide into TP-{self.default_tp} instances"
             )
         return self
+
+    def shape(self) -> ClusterShape:
+        """What the policies, the simulator and the engines read of this file."""
+        return ClusterShape(
+            model=self.model,
+            gpu=self.gpu,
+            num_gpus=self.num_gpus,
+            default_tp=self.default_tp,
+            tp_choices=self.tp_choices,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+        )
 
     def instance_ids(self) -> list[str]:
         """The homogeneous default split: one instance per `default_tp` GPUs."""

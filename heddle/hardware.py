@@ -54,3 +54,19 @@ GPUS: dict[str, GPUSpec] = {
     "a100": GPUSpec("a100", 80e9, 2.039e12, 312e12, 300e9),
     "a100-40gb": GPUSpec("a100-40gb", 40e9, 1.555e12, 312e12, 300e9),
 }
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The cluster as the policies, the simulator and the engines see it, built once from
+    the cluster file (`ClusterConfig.shape`): every reader takes this one value, so no
+    two of them can unpack the file differently."""
+
+    model: str = "qwen3-8b"
+    gpu: str = "h100"
+    num_gpus: int = 8
+    default_tp: int = 1
+    tp_choices: tuple[int, ...] = (1, 2, 4, 8)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9

@@ -25,7 +25,7 @@ def least_loaded(ctx: PolicyContext) -> Policy:
         "least_loaded",
         FirstComeFirstServed(),
         LeastLoaded(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "per-step least-loaded, FCFS (the walking skeleton's placeholder)",
     )
 
@@ -35,7 +35,7 @@ def verl(ctx: PolicyContext) -> Policy:
         "verl",
         FirstComeFirstServed(),
         StickySessions(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "sticky sessions, least in-flight for new ones, FCFS (verl agent loop)",
     )
 
@@ -45,7 +45,7 @@ def verl_star(ctx: PolicyContext) -> Policy:
         "verl_star",
         FirstComeFirstServed(),
         SkewSwitch(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "least-load when in-flight skew > 32, else sticky (Heddle paper's verl*)",
     )
 
@@ -55,7 +55,7 @@ def slime(ctx: PolicyContext) -> Policy:
         "slime",
         FirstComeFirstServed(),
         CacheAware(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "SGLang router cache_aware: prefix match unless imbalanced (slime)",
     )
 
@@ -65,7 +65,7 @@ def sticky_least_loaded(ctx: PolicyContext) -> Policy:
         "sticky_least_loaded",
         FirstComeFirstServed(),
         StickyLeastSessions(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "fewest active sessions for a new session, then sticky (SkyRL, vllm-router)",
     )
 
@@ -75,70 +75,43 @@ def autellix(ctx: PolicyContext) -> Policy:
         "autellix",
         LeastAttainedServiceFirst(),
         LeastLoaded(),
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "program-level least attained service first, preemptive (Autellix)",
     )
 
 
 def libra(ctx: PolicyContext) -> Policy:
-    wide = [tp for tp in ctx.tp_choices if tp > ctx.default_tp]
-    long_tp = min((tp for tp in wide if tp >= 4), default=max(wide, default=ctx.default_tp))
+    wide = [tp for tp in ctx.cluster.tp_choices if tp > ctx.cluster.default_tp]
+    long_tp = min((tp for tp in wide if tp >= 4), default=max(wide, default=ctx.cluster.default_tp))
     placement = LibraPlacement()
     placement.learn(ctx.history)
     return Policy(
         "libra",
         MultiLevelFeedback(),
         placement,
-        Buckets(ctx.default_tp, long_tp),
+        Buckets(ctx.cluster.default_tp, long_tp),
         "causal prefix tree of residuals, short/long TP buckets (Libra C-MLFQ)",
     )
 
 
 def war(ctx: PolicyContext) -> Policy:
-    placement = WarPlacement(seats_per_instance=ctx.max_num_seqs)
+    placement = WarPlacement(seats_per_instance=ctx.cluster.max_num_seqs)
     return Policy(
         "war",
         FewestTurnsLeft(placement.turns),
         placement,
-        Homogeneous(ctx.default_tp),
+        Homogeneous(ctx.cluster.default_tp),
         "sticky below a load threshold; cache/load score and turns-left order above (WAR)",
     )
 
 
 # ---- Heddle and its ablations --------------------------------------------------------------
-def _heddle(
-    ctx: PolicyContext,
-    name: str,
-    *,
-    pps: bool = True,
-    dp: bool = True,
-    migrate: bool = True,
-    plan_tp: bool = True,
-    reshape: bool = True,
-    oracle: bool = False,
-) -> Policy:
-    from scheduler.heddle import HeddlePlacement, HeddlePlanner, LongestPredictedFirst
-    from scheduler.predictor import RemainingPredictor
+def _heddle(ctx: PolicyContext, name: str, **variant: bool) -> Policy:
+    """Heddle with the parts `variant` turns off (`HeddleVariant`'s fields); imported
+    here so that naming a peer does not load LightGBM."""
+    from scheduler.heddle import HeddleVariant, heddle_policy
 
-    if oracle:
-        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in ctx.truth})
-    else:
-        if not ctx.history:
-            raise ValueError(
-                f"policy {name!r} learns from an earlier iteration: give it a history "
-                "(heddle bench --history FILE)"
-            )
-        predictor = RemainingPredictor.train(ctx.history, seed=ctx.predictor_seed)
-        planner = HeddlePlanner(ctx, predictor=predictor)
-    # A fixed split stays fixed: no reshaping between iterations or during rollout.
-    planner.plan_tp, planner.reshape_during = plan_tp, plan_tp and reshape
-    # Emptying a busy block needs a placement that moves its trajectories off.
-    planner.vacate = dp and migrate
-    order = LongestPredictedFirst(planner) if pps else FirstComeFirstServed()
-    placement = HeddlePlacement(planner, use_dp=dp, migrate=migrate)
-    return Policy(
-        name, order, placement, planner, "Heddle" + ("" if name == "heddle" else f" ({name})")
-    )
+    return heddle_policy(ctx, name, HeddleVariant(**variant))
 
 
 def heddle(ctx: PolicyContext) -> Policy:
@@ -160,7 +133,8 @@ def heddle_no_migrate(ctx: PolicyContext) -> Policy:
 
 
 def heddle_fixed_tp(ctx: PolicyContext) -> Policy:
-    return _heddle(ctx, "heddle-fixed-tp", plan_tp=False)
+    """The default TP everywhere, kept through the rollout: a fixed split stays fixed."""
+    return _heddle(ctx, "heddle-fixed-tp", plan_tp=False, reshape=False)
 
 
 def heddle_no_reshape(ctx: PolicyContext) -> Policy:

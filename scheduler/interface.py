@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, runtime_checkable
 
+from heddle.hardware import ClusterShape
 from heddle.types import Decision, TrajectorySpec
-
-if TYPE_CHECKING:
-    from heddle.config import ClusterConfig
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,7 @@ REVIEW_EVERY_S = 5.0
 REVIEW_MIN_TOKENS = 2048
 
 
+@runtime_checkable
 class Reviewer(Protocol):
     """A placement that re-examines steps in the middle of long decodes and may move one
     to another instance (its KV transferred, generation resumed from the tokens made)."""
@@ -102,6 +101,7 @@ class Reviewer(Protocol):
     ) -> dict[str, Decision]: ...
 
 
+@runtime_checkable
 class BatchAware(Protocol):
     """A placement that plans from the whole batch before its first step."""
 
@@ -123,6 +123,7 @@ class Reshape:
     reason: str = ""
 
 
+@runtime_checkable
 class Reshaper(Protocol):
     """A split that changes during rollout. `reshape` may only retire instances that are
     idle (nothing in flight, no unfinished trajectory's KV); the caller starts the new
@@ -138,45 +139,45 @@ class PolicyContext:
     """What a policy is built from: the cluster's shape and, for policies that learn, an
     earlier iteration's trajectories."""
 
-    default_tp: int = 1
-    tp_choices: tuple[int, ...] = (1, 2, 4, 8)
-    max_num_seqs: int = 256
+    cluster: ClusterShape = field(default_factory=ClusterShape)
     history: tuple[TrajectorySpec, ...] = ()
-    model: str = "qwen3-8b"
-    gpu: str = "h100"
-    num_gpus: int = 8
-    gpu_memory_utilization: float = 0.9
     # The batch itself, for the oracle ablation only (true lengths: the predictor's headroom).
     truth: tuple[TrajectorySpec, ...] = ()
     # The predictor's training seed (LightGBM's feature sampling): measuring how much a
     # makespan moves with it tells a policy's effect from noise (benchmarks/noise.py).
     predictor_seed: int = 0
 
-    @classmethod
-    def for_cluster(
-        cls,
-        cluster: ClusterConfig,
-        history: Sequence[TrajectorySpec] = (),
-        truth: Sequence[TrajectorySpec] = (),
-        predictor_seed: int = 0,
-    ) -> PolicyContext:
-        return cls(
-            default_tp=cluster.default_tp,
-            tp_choices=cluster.tp_choices,
-            max_num_seqs=cluster.max_num_seqs,
-            history=tuple(history),
-            model=cluster.model,
-            gpu=cluster.gpu,
-            num_gpus=cluster.num_gpus,
-            gpu_memory_utilization=cluster.gpu_memory_utilization,
-            truth=tuple(truth),
-            predictor_seed=predictor_seed,
-        )
+
+@runtime_checkable
+class Emptying(Protocol):
+    """A placement that empties instances (to merge them): the review shows every step
+    there, queued ones and short decodes included, so all can leave at once."""
+
+    @property
+    def emptying(self) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class Migrating(Protocol):
+    """A placement that may move trajectories between instances (with their KV)."""
+
+    migrate: bool
+
+
+@runtime_checkable
+class FinishAware(Protocol):
+    """A split that keeps per-trajectory state and forgets a trajectory that ends."""
+
+    def on_trajectory_done(
+        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
+    ) -> None: ...
 
 
 @dataclass
 class Policy:
-    """A named combination of the answers; the simulator and the live system run it."""
+    """A named combination of the answers; the simulator and the live system run it.
+    The optional abilities (`Reviewer`, `BatchAware`, `Reshaper`, ...) are checked once,
+    here, so a call on a policy without one costs nothing."""
 
     name: str
     order: Order
@@ -184,6 +185,18 @@ class Policy:
     split: Split
     description: str = ""
     extras: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parts = [self.placement] + ([self.split] if self.split is not self.placement else [])
+        self._batch_aware = [p for p in parts if isinstance(p, BatchAware)]
+        self._finish_aware = self.split if isinstance(self.split, FinishAware) else None
+        self._reviewer = self.placement if isinstance(self.placement, Reviewer) else None
+        self._emptier = self.placement if isinstance(self.placement, Emptying) else None
+        self._reshaper = self.split if isinstance(self.split, Reshaper) else None
+        # Whether the placement moves trajectories between instances (with their KV),
+        # and whether it reviews decodes in progress.
+        self.migrates: bool = isinstance(self.placement, Migrating) and self.placement.migrate
+        self.reviews: bool = self._reviewer is not None
 
     def decide(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
         placed = self.placement.place(event, instances, now)
@@ -202,38 +215,30 @@ class Policy:
         self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
     ) -> None:
         self.placement.on_trajectory_done(trajectory_id, group_id, generated_tokens, num_turns)
+        if self._finish_aware is not None:
+            self._finish_aware.on_trajectory_done(
+                trajectory_id, group_id, generated_tokens, num_turns
+            )
 
     def on_batch_start(self, events: Sequence[StepEvent]) -> None:
         """Called with every trajectory's first step before any runs (and before the
         split is read: a planner may choose it from the batch)."""
-        start = getattr(self.placement, "on_batch_start", None)
-        if start is not None:
-            start(events)
-
-    @property
-    def migrates(self) -> bool:
-        """Whether the placement moves trajectories between instances (with their KV)."""
-        return bool(getattr(self.placement, "migrate", False))
-
-    @property
-    def reviews(self) -> bool:
-        return hasattr(self.placement, "review")
+        for part in self._batch_aware:
+            part.on_batch_start(events)
 
     @property
     def emptying(self) -> frozenset[str]:
-        """Instances the placement is emptying: the review shows every step there,
-        queued ones and short decodes included, so all can leave at once."""
-        return frozenset(getattr(self.placement, "emptying", ()))
+        """Instances the placement is emptying (`Emptying`)."""
+        return frozenset(self._emptier.emptying) if self._emptier is not None else frozenset()
 
     def review(
         self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         """Moves of steps in progress (`events` carry the tokens made so far), by
         trajectory id; none unless the placement is a `Reviewer`."""
-        review = getattr(self.placement, "review", None)
-        if review is None:
+        if self._reviewer is None:
             return {}
-        moves: dict[str, Decision] = review(events, instances, now)
+        moves = self._reviewer.review(events, instances, now)
         by_id = {e.trajectory_id: e for e in events}
         return {
             tid: Decision(
@@ -244,10 +249,8 @@ class Policy:
 
     def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
         """Changes to the split during rollout; none unless the split is a `Reshaper`."""
-        reshape = getattr(self.split, "reshape", None)
-        return reshape(instances, now) if reshape is not None else []
+        return self._reshaper.reshape(instances, now) if self._reshaper is not None else []
 
     def on_instance_ready(self, spec: InstanceSpec) -> None:
-        ready = getattr(self.split, "on_instance_ready", None)
-        if ready is not None:
-            ready(spec)
+        if self._reshaper is not None:
+            self._reshaper.on_instance_ready(spec)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.costmodel import CostModel
+from heddle.hardware import ClusterShape
 from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, Partition, solve
 
 COOLING = 0.97
@@ -34,37 +35,33 @@ class SplitPlan:
 
 @dataclass
 class SplitPlanner:
-    model: str
-    gpu: str
-    num_gpus: int
-    tp_choices: Sequence[int]
-    max_num_seqs: int = 256
-    gpu_memory_utilization: float = 0.9
+    cluster: ClusterShape
     # An instance must hold one whole trajectory: the 40K-token budget plus its prompt
     # and tool outputs (Qwen3-32B on one H100 keeps only ~9K tokens of KV).
     min_kv_tokens: int = 48_000
 
     def _fits(self) -> list[int]:
         ok = []
-        for tp in sorted(self.tp_choices):
-            cost = CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization)
+        for tp in sorted(self.cluster.tp_choices):
+            cost = CostModel.of(self.cluster, tp)
             if tp <= self.num_gpus and cost.kv_capacity_tokens >= self.min_kv_tokens:
                 ok.append(tp)
         if not ok:
             raise ValueError(
-                f"no allowed TP degree of {self.gpu} holds {self.min_kv_tokens} KV tokens "
-                f"of {self.model}"
+                f"no allowed TP degree of {self.cluster.gpu} holds {self.min_kv_tokens} KV tokens "
+                f"of {self.cluster.model}"
             )
         return ok
 
     def models(self) -> dict[int, InstanceModel]:
         return {
-            tp: InstanceModel.of(
-                CostModel.for_names(self.model, self.gpu, tp, self.gpu_memory_utilization),
-                self.max_num_seqs,
-            )
+            tp: InstanceModel.of(CostModel.of(self.cluster, tp), self.cluster.max_num_seqs)
             for tp in self._fits()
         }
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
 
     def homogeneous(self, tp: int) -> tuple[int, ...]:
         if self.num_gpus % tp:
@@ -72,8 +69,8 @@ class SplitPlanner:
         fits = self._fits()
         if tp not in fits:
             raise ValueError(
-                f"TP-{tp} is not among the allowed degrees {self.model} fits on with "
-                f"{self.gpu}: {fits}"
+                f"TP-{tp} is not among the allowed degrees {self.cluster.model} fits on with "
+                f"{self.cluster.gpu}: {fits}"
             )
         return (tp,) * (self.num_gpus // tp)
 

@@ -111,7 +111,7 @@ class SchedulerService:
         # Each trajectory's latest decide request: what a mid-step review starts from.
         self._last_request: dict[str, DecideRequest] = {}
         tps = tps or {}
-        self.set_instances({i: tps.get(i, self.context.default_tp) for i in instance_ids})
+        self.set_instances({i: tps.get(i, self.context.cluster.default_tp) for i in instance_ids})
 
     def set_instances(self, tps: Mapping[str, int]) -> None:
         """The instances that take steps now (the cluster plan's active ones). Counts of
@@ -205,15 +205,15 @@ class SchedulerService:
                 for s in specs
             ]
         )
-        split = policy.split.instances(ctx.num_gpus)
+        split = policy.split.instances(ctx.cluster.num_gpus)
         tag = batch_id.rsplit("-", 1)[-1][:8]
         live = {s.instance_id: f"{tag}-{s.instance_id}" for s in split}
         key = (name, batch_id)
         self._policies[key], self._buckets[key], self._live_ids[key] = (
             policy, PriorityBuckets(), live)  # fmt: skip
         plan = initial_plan(
-            [live[s.instance_id] for s in split], [s.tp for s in split], ctx.num_gpus,
-            ctx.tp_choices,
+            [live[s.instance_id] for s in split], [s.tp for s in split], ctx.cluster.num_gpus,
+            ctx.cluster.tp_choices,
         )  # fmt: skip
         return plan.instances
 

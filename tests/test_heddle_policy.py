@@ -4,6 +4,7 @@ predictor, and migration on a rank change."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import lightgbm
 import numpy as np
@@ -11,9 +12,10 @@ import pytest
 
 from engines.costmodel import CostModel
 from heddle.client import validate_options
+from heddle.hardware import ClusterShape
 from heddle.types import RolloutOptions
 from heddle.workloads import generate
-from scheduler.heddle import HeddlePlacement, HeddlePlanner
+from scheduler.heddle import HeddlePlacement, HeddlePlanner, HeddleVariant
 from scheduler.interface import InstanceState, PolicyContext, StepEvent
 from scheduler.placement_dp import (
     KV_SHARE_CAP,
@@ -141,7 +143,9 @@ def test_an_aggregated_dp_plans_every_trajectory() -> None:
 def test_split_planner_returns_a_valid_split_no_worse_than_homogeneous() -> None:
     lengths = sorted(np.random.default_rng(1).lognormal(8, 1, 2000), reverse=True)
     contexts = [1000 + x / 2 for x in lengths]
-    planner = SplitPlanner("qwen3-14b", "h100", 32, (1, 2, 4, 8))
+    planner = SplitPlanner(
+        ClusterShape(model="qwen3-14b", gpu="h100", num_gpus=32, tp_choices=(1, 2, 4, 8))
+    )
     plan = planner.plan(lengths, contexts, iterations=120)
     assert sum(plan.tps) == 32
     assert set(plan.tps) <= {1, 2, 4, 8}
@@ -158,7 +162,9 @@ def test_the_split_planner_is_no_worse_than_any_homogeneous_split(sigma: float) 
     coding). Long, alike trajectories want wide instances everywhere."""
     lengths = sorted(np.random.default_rng(2).lognormal(9.5, sigma, 3000), reverse=True)
     contexts = [2000 + x / 2 for x in lengths]
-    planner = SplitPlanner("qwen3-14b", "h100", 64, (1, 2, 4, 8))
+    planner = SplitPlanner(
+        ClusterShape(model="qwen3-14b", gpu="h100", num_gpus=64, tp_choices=(1, 2, 4, 8))
+    )
     plan = planner.plan(lengths, contexts)
     models = planner.models()
     for tp in (1, 2, 4, 8):
@@ -171,7 +177,9 @@ def test_the_split_planner_polish_merges_narrow_instances_in_one_move() -> None:
     # then TP-8) passes through splits the annealing may refuse.
     lengths = [40_000.0] * 8 + [2_000.0] * 2_000
     contexts = [30_000.0] * 8 + [1_500.0] * 2_000
-    planner = SplitPlanner("qwen3-14b", "h100", 16, (1, 2, 4, 8))
+    planner = SplitPlanner(
+        ClusterShape(model="qwen3-14b", gpu="h100", num_gpus=16, tp_choices=(1, 2, 4, 8))
+    )
     models = planner.models()
 
     def makespan(tps: tuple[int, ...]) -> float:
@@ -209,8 +217,8 @@ def test_the_predictor_seed_is_deterministic_and_reaches_heddle() -> None:
     assert (fits[0] == fits[1]).all()
     assert (fits[0] != fits[2]).any()
     ctx = PolicyContext(history=tuple(history), predictor_seed=1)
-    planner = create_policy("heddle", ctx).placement.planner  # type: ignore[attr-defined]
-    assert (planner.predictor.predict_rows(x) == fits[2]).all()
+    planner = create_policy("heddle", ctx).split
+    assert (planner.forecast.lengths.predictor.predict_rows(x) == fits[2]).all()
 
 
 def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
@@ -318,14 +326,15 @@ def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None
     truth = [spec("long", 30_000), *(spec(f"s{i}", 100 + i) for i in range(40))]
     # 12 GPUs: no homogeneous TP-8 split, so the one wide instance is unique (on 16 the
     # planner rightly takes two TP-8s, interchangeable, and s5 need not move).
-    ctx = PolicyContext(num_gpus=12, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
-    assert planner.tps[0] >= 4  # the long tail gets a wide instance
-    wide = planner.instance_ids[0]
+    ctx = PolicyContext(ClusterShape(num_gpus=12, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+    placement = planner.placement()
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    assert planner.plan.tps[0] >= 4  # the long tail gets a wide instance
+    wide = planner.plan.instance_ids[0]
     states = [
-        InstanceState(i, 0, 0, tp) for i, tp in zip(planner.instance_ids, planner.tps, strict=True)
+        InstanceState(i, 0, 0, tp)
+        for i, tp in zip(planner.plan.instance_ids, planner.plan.tps, strict=True)
     ]
     first = placement.place(_event("long", 0, 0, None), states, 0.0)
     assert first.instance_id == wide
@@ -333,7 +342,7 @@ def test_a_trajectory_whose_rank_changes_migrates_during_its_tool_call() -> None
     assert short.instance_id != wide
     # Re-prediction finds s5 far longer than thought: its rank rises to the top and it
     # moves to the wide instance, carrying its KV (migrate=True) while its tool runs.
-    planner.truth["s5"] = spec("s5", 50_000)
+    planner.forecast.lengths.truth["s5"] = spec("s5", 50_000)
     moved = placement.place(_event("s5", 1, 10, short.instance_id), states, 1.0)
     assert moved.instance_id == wide
     assert moved.migrate
@@ -346,14 +355,14 @@ def test_the_split_is_planned_on_the_history_spread_not_the_first_forecasts() ->
     have. The placement still solves on the forecasts; the oracle plans on the truth."""
     history = [r.spec for r in generate("math", prompts=40, seed=0, iteration=0)]
     trace = [r.spec for r in generate("math", prompts=40, seed=0, iteration=1)]
-    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), history=tuple(history))
-    planner = HeddlePlanner(ctx, predictor=RemainingPredictor.train(history))
+    ctx = PolicyContext(ClusterShape(num_gpus=16, tp_choices=(1, 2, 4, 8)), history=tuple(history))
+    planner = HeddlePlanner.for_context(ctx)
     events = [StepEvent(s.trajectory_id, s.group_id, 0, s.prompt_tokens, 0,
                         prompt_tokens=s.prompt_tokens) for s in trace]  # fmt: skip
     for e in events:
-        planner.update(e)
-    lengths, contexts = planner._forecast()
-    spread, spread_ctx = planner._split_forecast(events, lengths, contexts)
+        planner.forecast.update(e)
+    lengths, contexts = planner.forecast.longest_first()
+    spread, spread_ctx = planner.plan.split_forecast(events, lengths, contexts, planner.forecast)
     totals = sorted((s.generated_tokens for s in history), reverse=True)
     assert len(spread) == len(trace)
     assert spread[0] == totals[0]
@@ -361,18 +370,22 @@ def test_the_split_is_planned_on_the_history_spread_not_the_first_forecasts() ->
     assert spread == sorted(spread, reverse=True)
     assert max(lengths) < 0.8 * totals[0]  # the first forecasts hide the tail
     assert spread_ctx[0] > spread_ctx[-1]
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start(events)
-    splitter = SplitPlanner("qwen3-8b", "h100", 16, (1, 2, 4, 8))
+    planner.on_batch_start(events)
+    splitter = SplitPlanner(
+        ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=16, tp_choices=(1, 2, 4, 8))
+    )
     split = splitter.plan(spread, spread_ctx)
-    assert planner.tps == split.tps
+    assert planner.plan.tps == split.tps
     assert split.tps != splitter.plan(lengths, contexts).tps
-    assert sum(planner.sizes) == len(trace)
-    oracle = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in trace})
+    assert sum(planner.plan.sizes) == len(trace)
+    oracle = HeddlePlanner.for_context(replace(ctx, truth=tuple(trace)), HeddleVariant(oracle=True))
     for e in events:
-        oracle.update(e)
-    truth, truth_ctx = oracle._forecast()
-    assert oracle._split_forecast(events, truth, truth_ctx) == (truth, truth_ctx)
+        oracle.forecast.update(e)
+    truth, truth_ctx = oracle.forecast.longest_first()
+    assert oracle.plan.split_forecast(events, truth, truth_ctx, oracle.forecast) == (
+        truth,
+        truth_ctx,
+    )
 
 
 def test_live_rollouts_take_every_registered_policy_and_refuse_others() -> None:
@@ -384,7 +397,9 @@ def test_live_rollouts_take_every_registered_policy_and_refuse_others() -> None:
 
 def test_planner_never_chooses_an_instance_too_small_for_a_trajectory() -> None:
     # Qwen3-32B on one H100 holds ~9K tokens of KV: TP 1 is not a valid choice.
-    planner = SplitPlanner("qwen3-32b", "h100", 16, (1, 2, 4, 8))
+    planner = SplitPlanner(
+        ClusterShape(model="qwen3-32b", gpu="h100", num_gpus=16, tp_choices=(1, 2, 4, 8))
+    )
     plan = planner.plan([30_000.0, 20_000.0, 500.0], [16_000.0, 11_000.0, 800.0])
     assert 1 not in plan.tps
     assert sum(plan.tps) == 16
@@ -448,22 +463,22 @@ def test_a_draining_batch_moves_a_decode_to_where_it_runs_faster() -> None:
     truth = [TrajectorySpec(f"l{i}", "g", 100, (StepSpec(30_000),)) for i in range(3)]
     truth += [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(2_000),)) for i in range(60)]
     # 12 GPUs: no homogeneous TP-8 split (on 16 the planner takes two TP-8s).
-    ctx = PolicyContext(num_gpus=12, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
-    narrow = planner.instance_ids[-1]
-    assert planner.tps[-1] < planner.tps[0]
+    ctx = PolicyContext(ClusterShape(num_gpus=12, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+    placement = planner.placement()
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    narrow = planner.plan.instance_ids[-1]
+    assert planner.plan.tps[-1] < planner.plan.tps[0]
     # s7 decodes on the narrowest instance beside two others; its rank keeps it there.
     decode = _event("s7", 0, 1_000, narrow)
     busy = {i: InstanceState(i, 1, 1, tp, kv_usage=0.01)
-            for i, tp in zip(planner.instance_ids, planner.tps, strict=True)}  # fmt: skip
-    busy[narrow] = InstanceState(narrow, 3, 3, planner.tps[-1], kv_usage=0.05)
+            for i, tp in zip(planner.plan.instance_ids, planner.plan.tps, strict=True)}  # fmt: skip
+    busy[narrow] = InstanceState(narrow, 3, 3, planner.plan.tps[-1], kv_usage=0.05)
     assert placement.review([decode], list(busy.values()), 10.0) == {}  # no GPU spare
 
     idle = dict(busy)
-    spare = planner.instance_ids[0]
-    idle[spare] = InstanceState(spare, 0, 0, planner.tps[0])
+    spare = planner.plan.instance_ids[0]
+    idle[spare] = InstanceState(spare, 0, 0, planner.plan.tps[0])
     moves = placement.review([decode], list(idle.values()), 15.0)
     assert set(moves) == {"s7"}
     assert moves["s7"].reason == "drain_faster"
@@ -481,18 +496,20 @@ def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> 
         return TrajectorySpec(tid, "g", 100, (StepSpec(tokens),))
 
     def planned(truth: list[TrajectorySpec]) -> tuple[HeddlePlanner, HeddlePlacement]:
-        ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
-        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-        placement = HeddlePlacement(planner)
-        placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+        ctx = PolicyContext(
+            ClusterShape(num_gpus=32, tp_choices=(8,), default_tp=8), truth=tuple(truth)
+        )
+        planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+        placement = planner.placement()
+        planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
         return planner, placement
 
     spare = [spec("long", 30_000), *(spec(f"s{i}", 200 + i) for i in range(300))]
     planner, placement = planned(spare)
-    first = planner.instance_ids[0]
-    assert first in planner.pinned
-    assert len(planner.pinned) < len(planner.instance_ids)  # the rest stays open
-    states = [InstanceState(i, 0, 0, 8) for i in planner.instance_ids]
+    first = planner.plan.instance_ids[0]
+    assert first in planner.plan.pinned
+    assert len(planner.plan.pinned) < len(planner.plan.instance_ids)  # the rest stays open
+    states = [InstanceState(i, 0, 0, 8) for i in planner.plan.instance_ids]
     assert placement.place(_event("long", 0, 0, None), states, 0.0).instance_id == first
     # The long one's booked work makes `first` the busiest TP-8; balancing alone would
     # still have sent shorts there once the others filled. Pinned, it takes none.
@@ -502,17 +519,17 @@ def test_the_leading_groups_keep_their_instances_only_where_gpus_are_spare() -> 
 
     busy = [spec(f"m{i}", 8_000 + i) for i in range(3_000)]
     planner, _ = planned(busy)
-    assert planner.pinned == frozenset()
+    assert planner.plan.pinned == frozenset()
 
     # `pin_groups` (a measure, benchmarks/forecast_noise.py) pins the first k whatever
     # the reads, at batch start and at every re-plan.
-    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(busy))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in busy}, pin_groups=2)
-    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in busy])
-    assert planner.pinned == frozenset(planner.instance_ids[:2])
-    planner._replan()
-    assert planner.pinned == frozenset(planner.instance_ids[:2])
-    assert sum(planner.sizes) == len(busy)
+    ctx = PolicyContext(ClusterShape(num_gpus=32, tp_choices=(8,), default_tp=8), truth=tuple(busy))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True, pin_groups=2))
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in busy])
+    assert planner.plan.pinned == frozenset(planner.plan.instance_ids[:2])
+    planner.reshaping.replan()
+    assert planner.plan.pinned == frozenset(planner.plan.instance_ids[:2])
+    assert sum(planner.plan.sizes) == len(busy)
 
 
 def test_noisy_truth_forecasts_the_truth_times_one_factor_per_trajectory() -> None:
@@ -555,15 +572,18 @@ def test_open_instances_pool_in_the_dp_as_the_placement_balances_them() -> None:
 
     shorts = [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(600 + i),)) for i in range(300)]
     truth = [TrajectorySpec("long", "g", 100, (StepSpec(30_000),)), *shorts]
-    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
-    planner._replan()
-    assert planner.pinned
-    open_sizes = [size for iid, size in zip(planner.instance_ids, planner.sizes, strict=True)
-                  if iid not in planner.pinned]  # fmt: skip
+    ctx = PolicyContext(
+        ClusterShape(num_gpus=32, tp_choices=(8,), default_tp=8), truth=tuple(truth)
+    )
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    planner.reshaping.replan()
+    assert planner.plan.pinned
+    plan = planner.plan
+    open_sizes = [size for iid, size in zip(plan.instance_ids, plan.sizes, strict=True)
+                  if iid not in plan.pinned]  # fmt: skip
     assert max(open_sizes) - min(open_sizes) <= 1
-    assert sum(planner.sizes) == len(truth)
+    assert sum(planner.plan.sizes) == len(truth)
 
 
 def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> None:
@@ -576,21 +596,23 @@ def test_a_replan_pins_as_many_instances_as_the_pooled_dp_finds_fastest() -> Non
 
     truth = [TrajectorySpec(f"l{i}", "g", 100, (StepSpec(30_000 - 1_000 * i),)) for i in range(10)]
     truth += [TrajectorySpec(f"s{i}", "g", 100, (StepSpec(600 + i),)) for i in range(600)]
-    ctx = PolicyContext(num_gpus=64, tp_choices=(8,), default_tp=8, truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-    HeddlePlacement(planner).on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
-    assert planner.sizes[:2] == (1, 0)
-    assert len(planner.pinned) == 1
-    planner._replan()
-    k = len(planner.pinned)
-    assert planner.pinned == frozenset(planner.instance_ids[:k])
+    ctx = PolicyContext(
+        ClusterShape(num_gpus=64, tp_choices=(8,), default_tp=8), truth=tuple(truth)
+    )
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    assert planner.plan.sizes[:2] == (1, 0)
+    assert len(planner.plan.pinned) == 1
+    planner.reshaping.replan()
+    k = len(planner.plan.pinned)
+    assert planner.plan.pinned == frozenset(planner.plan.instance_ids[:k])
     assert k == 7
-    assert planner.sizes[:k] == (1, 1, 1, 1, 1, 1, 4)
-    open_sizes = planner.sizes[k:]
+    assert planner.plan.sizes[:k] == (1, 1, 1, 1, 1, 1, 4)
+    open_sizes = planner.plan.sizes[k:]
     assert max(open_sizes) - min(open_sizes) <= 1
-    assert sum(planner.sizes) == len(truth)
-    lengths, contexts = planner._forecast()
-    model = planner.instance_shapes()[0][8]
+    assert sum(planner.plan.sizes) == len(truth)
+    lengths, contexts = planner.forecast.longest_first()
+    model = planner.plan.shapes.models[8]
 
     def predicted(pins: int) -> float:
         pool = [model.pooled(8 - pins)]
@@ -615,40 +637,44 @@ def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> 
         )
 
     truth = [spec("long", 30_000), *(spec(f"s{i}", 600 + i) for i in range(300))]
-    ctx = PolicyContext(num_gpus=32, tp_choices=(8,), default_tp=8, truth=tuple(truth))
+    ctx = PolicyContext(
+        ClusterShape(num_gpus=32, tp_choices=(8,), default_tp=8), truth=tuple(truth)
+    )
     states = [InstanceState(f"h{k}", 0, 0, 8) for k in range(4)]
 
     def placed() -> tuple[HeddlePlanner, HeddlePlacement, str]:
-        planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth})
-        placement = HeddlePlacement(planner)
-        placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
-        first = planner.instance_ids[0]
-        assert first in planner.pinned
+        planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True))
+        placement = planner.placement()
+        planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+        first = planner.plan.instance_ids[0]
+        assert first in planner.plan.pinned
         assert placement.place(_event("long", 0, 0, None), states, 0.0).instance_id == first
         return planner, placement, first
 
     planner, placement, first = placed()
     kept = placement.place(_event("long", 1, 100, first), states, 1.0)
     assert (kept.instance_id, kept.reason) == (first, "rank_kept")
-    planner.truth["long"] = spec("long", 800)  # re-predicted: mid-table, 690 tokens to go
+    planner.forecast.lengths.truth["long"] = spec(
+        "long", 800
+    )  # re-predicted: mid-table, 690 tokens to go
     moved = placement.place(_event("long", 1, 100, first), states, 1.0)
-    assert moved.instance_id not in planner.pinned  # `first` among them
+    assert moved.instance_id not in planner.plan.pinned  # `first` among them
     assert (moved.reason, moved.migrate) == ("left_pinned", True)
 
     planner, placement, first = placed()
-    planner.truth["long"] = spec("long", 800)
+    planner.forecast.lengths.truth["long"] = spec("long", 800)
     decode = StepEvent("long", "g", 1, 200, 100, previous_instance=first, prompt_tokens=100,
                        step_tokens=90)  # fmt: skip
     moves = placement.review([decode], states, 5.0)
     assert moves["long"].reason == "left_pinned"
-    assert moves["long"].instance_id not in planner.pinned
+    assert moves["long"].instance_id not in planner.plan.pinned
 
     # The mirror: a decode on an open instance whose re-prediction ranks it into the
     # pinned tier moves there mid-decode, though the instances are as wide.
     planner, placement, first = placed()
     seat = placement.place(_event("s5", 0, 0, None), states, 0.0).instance_id
-    assert seat not in planner.pinned
-    planner.truth["s5"] = spec("s5", 60_000)  # its turn runs on: now the longest
+    assert seat not in planner.plan.pinned
+    planner.forecast.lengths.truth["s5"] = spec("s5", 60_000)  # its turn runs on: now the longest
     decode = StepEvent("s5", "g", 1, 2_200, 2_100, previous_instance=seat, prompt_tokens=100,
                        step_tokens=2_090)  # fmt: skip
     moves = placement.review([decode], states, 5.0)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from engines.costmodel import CostModel
+from heddle.hardware import ClusterShape
 from heddle.sim.simulator import Simulator
 from heddle.types import Decision, StepSpec, TrajectorySpec
-from scheduler.heddle import HeddlePlacement, HeddlePlanner
+from scheduler.heddle import HeddlePlanner, HeddleVariant
 from scheduler.interface import (
     InstanceSpec,
     InstanceState,
@@ -24,7 +25,7 @@ from scheduler.placement import LeastLoaded, least_loaded
 from scheduler.reshape import GpuLayout, merges_that_pay
 from scheduler.resources import SplitPlanner
 
-CLUSTER = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 4}
+CLUSTER = ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=4)
 
 
 def _spec(tid: str, *outputs: int, tool_s: float = 0.5) -> TrajectorySpec:
@@ -57,7 +58,9 @@ def test_layout_blocks_only_aligned_fully_blocks_within() -> None:
 
 
 def test_a_merge_pays_for_a_long_tail_and_not_for_a_short_one() -> None:
-    planner = SplitPlanner("qwen3-8b", "h100", 8, (1, 2, 4, 8))
+    planner = SplitPlanner(
+        ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=8, tp_choices=(1, 2, 4, 8))
+    )
     models = planner.models()
     restart = {tp: 25.0 for tp in models}
     narrow = [1] * 8
@@ -108,7 +111,7 @@ def test_the_simulator_retires_idle_instances_and_starts_the_merged_one() -> Non
     trace += [_spec(f"s{i}", 20) for i in range(6)]
     split = _MergeWhenIdle()
     policy = Policy("merge", FirstComeFirstServed(), _PreferNew(), split)
-    sim = Simulator(trace=trace, policy=policy, record_steps=True, **CLUSTER)
+    sim = Simulator(trace=trace, policy=policy, record_steps=True, cluster=CLUSTER)
     result = sim.run()
     assert result.reconfigurations == 1
     assert result.reconfiguration_s == 10.0
@@ -127,7 +130,7 @@ def test_the_simulator_refuses_to_retire_a_busy_instance() -> None:
     trace = [_spec(f"s{i}", 2000) for i in range(4)]
     policy = Policy("bad", FirstComeFirstServed(), LeastLoaded(), _MergeWhenIdle(busy_retire=True))
     with pytest.raises(ValueError, match="not an idle instance"):
-        Simulator(trace=trace, policy=policy, **CLUSTER).run()
+        Simulator(trace=trace, policy=policy, cluster=CLUSTER).run()
 
 
 class _MoveLongDecodes(LeastLoaded):
@@ -157,9 +160,13 @@ def test_a_long_decode_moves_mid_step_and_resumes_from_its_tokens() -> None:
     fixed = Policy("fixed", FirstComeFirstServed(), LeastLoaded(), _Fixed())
     reviewer = _MoveLongDecodes()
     moving = Policy("moving", FirstComeFirstServed(), reviewer, _Fixed())
-    stay = Simulator(trace=trace, policy=Policy("stay", FirstComeFirstServed(),
-                     _NoReview(), _Fixed()), record_steps=True, **CLUSTER).run()  # fmt: skip
-    sim = Simulator(trace=trace, policy=moving, record_steps=True, **CLUSTER)
+    stay = Simulator(
+        trace=trace,
+        policy=Policy("stay", FirstComeFirstServed(), _NoReview(), _Fixed()),
+        record_steps=True,
+        cluster=CLUSTER,
+    ).run()
+    sim = Simulator(trace=trace, policy=moving, record_steps=True, cluster=CLUSTER)
     moved = sim.run()
     assert fixed.reviews is False
     assert moving.reviews is True
@@ -206,8 +213,9 @@ def test_a_preempted_decode_is_still_shown_to_the_review() -> None:
     trace = [TrajectorySpec(f"t{k}", "g", kv // n - 3_000, (StepSpec(12_000),))
              for k in range(n)]  # fmt: skip
     watch = _Watch()
-    sim = Simulator(trace=trace, policy=Policy("w", FirstComeFirstServed(), watch, _Fixed()),
-                    **CLUSTER)  # fmt: skip
+    sim = Simulator(
+        trace=trace, policy=Policy("w", FirstComeFirstServed(), watch, _Fixed()), cluster=CLUSTER
+    )
     watch.sim = sim
     sim.run()
     preempted = [e for e, queued in watch.shown if queued]
@@ -246,8 +254,12 @@ def test_an_instance_being_emptied_shows_and_loses_every_step_at_the_next_review
     runs = {}
     for empty in (False, True):
         placement = _EmptyA(empty, len(trace))
-        sim = Simulator(trace=trace, policy=Policy("e", FirstComeFirstServed(), placement,
-                        _Fixed()), record_steps=True, max_num_seqs=4, **CLUSTER)  # fmt: skip
+        sim = Simulator(
+            trace=trace,
+            policy=Policy("e", FirstComeFirstServed(), placement, _Fixed()),
+            record_steps=True,
+            cluster=replace(CLUSTER, max_num_seqs=4),
+        )
         runs[empty] = (placement, sim, sim.run())
     keep, _, kept = runs[False]
     # Without emptying only the long decode is shown, once it has made 2,048 tokens.
@@ -277,15 +289,15 @@ def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
 
 def test_heddle_merges_idle_narrow_instances_when_the_tail_gains() -> None:
     truth = [_spec("long", 10, 40_000), *(_spec(f"s{i}", 10, 200) for i in range(60))]
-    ctx = PolicyContext(num_gpus=8, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    ctx = PolicyContext(ClusterShape(num_gpus=8, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True, plan_tp=False))
+    placement = planner.placement()
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
     ids = [s.instance_id for s in planner.instances(8)]
-    assert planner.tps == (1,) * 8
+    assert planner.plan.tps == (1,) * 8
     # The short ones finish; the long one waits for its tool on the first instance.
     for s in truth[1:]:
-        planner.finished(s.trajectory_id, "g", 210)
+        planner.on_trajectory_done(s.trajectory_id, "g", 210, 1)
     states = [InstanceState(i, 0, 1 if i == ids[0] else 0, 1) for i in ids]
     changes = planner.reshape(states, 30.0)
     assert changes, "seven idle TP-1 instances and a 40K-token tail: merging pays"
@@ -297,12 +309,12 @@ def test_heddle_merges_idle_narrow_instances_when_the_tail_gains() -> None:
     assert changes[0].create.tp == 4
     assert changes[0].retire == tuple(ids[4:])
     # Until the new instances are up, the plan only names instances that exist.
-    assert set(planner.instance_ids) == set(ids) - set(retired)
+    assert set(planner.plan.instance_ids) == set(ids) - set(retired)
     for c in changes:
         planner.on_instance_ready(c.create)
-    assert set(planner.instance_ids) >= {c.create.instance_id for c in changes}
+    assert set(planner.plan.instance_ids) >= {c.create.instance_id for c in changes}
     # The long trajectory's rank now names a wider instance: it moves at its tool call.
-    up = [InstanceState(i, 0, 0, tp) for i, tp in zip(planner.instance_ids, planner.tps,
+    up = [InstanceState(i, 0, 0, tp) for i, tp in zip(planner.plan.instance_ids, planner.plan.tps,
                                                      strict=True)]  # fmt: skip
     decision = placement.place(_event("long", 1, 10, ids[0]), up, 31.0)
     assert decision.migrate
@@ -314,15 +326,15 @@ def test_heddle_merges_a_block_of_idle_narrow_instances_for_crowded_long_decodes
     sit idle. No decode moves to a TP-1 mid-step, so pairs of TP-1s would not help;
     the whole idle block becomes one TP-8, and the drain moves then fill it."""
     truth = [_spec(f"l{i}", 40_000) for i in range(8)]
-    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    ctx = PolicyContext(ClusterShape(num_gpus=16, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True, plan_tp=False))
+    placement = planner.placement()
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
     # The split as the math batch ends: one TP-8 (GPUs 0-7) and eight TP-1s (8-15).
-    planner.instance_ids = ["wide", *(f"n{k}" for k in range(8))]
-    planner.tps = (8,) + (1,) * 8
-    planner.sizes = (8,) + (0,) * 8  # every rank on the TP-8
-    planner.layout = GpuLayout.pack(planner.instance_ids, planner.tps)
+    planner.plan.instance_ids = ["wide", *(f"n{k}" for k in range(8))]
+    planner.plan.tps = (8,) + (1,) * 8
+    planner.plan.sizes = (8,) + (0,) * 8  # every rank on the TP-8
+    planner.reshaping.layout = GpuLayout.pack(planner.plan.instance_ids, planner.plan.tps)
     wide = InstanceState("wide", 8, 8, 8, kv_usage=0.1)
     states = [wide, *(InstanceState(f"n{k}", 0, 0, 1) for k in range(8))]
     decodes = [_event(s.trajectory_id, 0, 12_000, "wide") for s in truth]
@@ -342,20 +354,24 @@ def test_heddle_empties_busy_narrow_instances_and_merges_them_when_the_dp_says_s
     a wide one: the block stops taking steps, its trajectories leave at their next step
     (or, mid-decode, at the review), and once empty it merges."""
     truth = [_spec(f"l{i}", 2_000, 2_000, 30_000) for i in range(24)]
-    ctx = PolicyContext(num_gpus=16, tp_choices=(1, 2, 4, 8), truth=tuple(truth))
-    planner = HeddlePlanner(ctx, truth={s.trajectory_id: s for s in truth}, plan_tp=False)
-    placement = HeddlePlacement(planner)
-    placement.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    ctx = PolicyContext(ClusterShape(num_gpus=16, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    planner = HeddlePlanner.for_context(ctx, HeddleVariant(oracle=True, plan_tp=False))
+    placement = planner.placement()
+    planner.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
     narrow = [f"n{k}" for k in range(8)]
-    planner.instance_ids, planner.tps = ["wide", *narrow], (8,) + (1,) * 8
-    planner.sizes = (16,) + (1,) * 8  # sixteen on the TP-8, one on each TP-1
-    planner.layout = GpuLayout.pack(planner.instance_ids, planner.tps)
+    planner.plan.instance_ids, planner.plan.tps = ["wide", *narrow], (8,) + (1,) * 8
+    planner.plan.sizes = (16,) + (1,) * 8  # sixteen on the TP-8, one on each TP-1
+    planner.reshaping.layout = GpuLayout.pack(planner.plan.instance_ids, planner.plan.tps)
     busy = [InstanceState("wide", 16, 16, 8), *(InstanceState(i, 1, 1, 1) for i in narrow)]
     for k, s in enumerate(truth):
-        planner.book(s.trajectory_id, narrow[k] if k < 8 else "wide")
+        planner.bookings.book(
+            s.trajectory_id,
+            narrow[k] if k < 8 else "wide",
+            planner.forecast.remaining[s.trajectory_id],
+        )
     assert planner.reshape(busy, 1.0) == []  # nothing idle to merge yet ...
-    assert planner.vacating == tuple(narrow)  # ... but the TP-1 block is being emptied
-    assert not set(planner.instance_ids) & set(narrow)  # and no rank maps there
+    assert planner.reshaping.vacating == tuple(narrow)  # ... but the TP-1 block is being emptied
+    assert not set(planner.plan.instance_ids) & set(narrow)  # and no rank maps there
     # A step boundary leaves, however little is left; a decode in progress leaves at review.
     step = placement.place(_event("l0", 1, 2_000, "n0"), busy, 2.0)
     assert step.reason == "vacating"
@@ -369,4 +385,4 @@ def test_heddle_empties_busy_narrow_instances_and_merges_them_when_the_dp_says_s
     assert [(c.retire, c.create.tp, c.reason) for c in changes] == [
         (tuple(narrow), 8, "merge_vacated_for_tail")
     ]
-    assert planner.vacating == ()
+    assert planner.reshaping.vacating == ()

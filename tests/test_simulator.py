@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from engines.costmodel import CostModel
+from heddle.hardware import ClusterShape
 from heddle.sim import lower_bound, simulate
 from heddle.sim.simulator import Simulator
 from heddle.types import Decision, StepSpec, TrajectorySpec
@@ -18,7 +19,7 @@ from scheduler.placement import LeastLoaded
 from scheduler.registry import create_policy, policy_names
 from scheduler.split import Homogeneous
 
-CLUSTER = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 8}
+CLUSTER = ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=8)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def trace():  # type: ignore[no-untyped-def]
 def test_invariants_hold_for_every_policy(name: str, trace) -> None:  # type: ignore[no-untyped-def]
     history = tuple(r.spec for r in generate("coding", prompts=12, samples=16, seed=5, iteration=1))
     policy = create_policy(name, PolicyContext(history=history, truth=tuple(trace)))
-    sim = Simulator(trace=trace, policy=policy, record_steps=True, **CLUSTER)
+    sim = Simulator(trace=trace, policy=policy, record_steps=True, cluster=CLUSTER)
     result = sim.run()
     # Every trace token generated exactly once.
     assert result.generated_tokens == sum(s.generated_tokens for s in trace)
@@ -52,14 +53,17 @@ def test_invariants_hold_for_every_policy(name: str, trace) -> None:  # type: ig
     for inst in result.instances:
         assert inst["peak_kv_tokens"] <= inst["kv_capacity_tokens"]
     bound = lower_bound(
-        trace, model="qwen3-8b", gpu="h100", num_gpus=8, tp_choices=(1, 2, 4, 8), max_num_seqs=256
+        trace,
+        ClusterShape(
+            model="qwen3-8b", gpu="h100", num_gpus=8, tp_choices=(1, 2, 4, 8), max_num_seqs=256
+        ),
     )
     assert result.makespan_s >= bound["lower_bound_s"]
     assert 0 < result.gpu_busy_frac <= 1
 
 
 def test_deterministic(trace) -> None:  # type: ignore[no-untyped-def]
-    runs = [simulate(trace, create_policy("verl"), **CLUSTER) for _ in range(2)]
+    runs = [simulate(trace, create_policy("verl"), CLUSTER) for _ in range(2)]
     assert runs[0].makespan_s == runs[1].makespan_s
     assert runs[0].completion_times == runs[1].completion_times
 
@@ -67,8 +71,8 @@ def test_deterministic(trace) -> None:  # type: ignore[no-untyped-def]
 def test_occupancy_is_sampled_without_changing_the_run(trace) -> None:  # type: ignore[no-untyped-def]
     """`sample_every_s` (benchmarks/tail_report.py --every) records each TP degree's
     queues and KV over time; the run itself is the same as without it."""
-    plain = simulate(trace, create_policy("verl"), **CLUSTER)
-    sim = Simulator(trace=trace, policy=create_policy("verl"), sample_every_s=10.0, **CLUSTER)
+    plain = simulate(trace, create_policy("verl"), CLUSTER)
+    sim = Simulator(trace=trace, policy=create_policy("verl"), sample_every_s=10.0, cluster=CLUSTER)
     result = sim.run()
     assert result.makespan_s == plain.makespan_s
     times = sorted({o.time_s for o in sim.occupancy})
@@ -80,7 +84,7 @@ def test_occupancy_is_sampled_without_changing_the_run(trace) -> None:  # type: 
     # Every first step is placed at time 0: each trajectory is a session, running or queued.
     assert sum(o.num_sessions for o in first) == len(trace)
     assert sum(o.num_running + o.num_waiting for o in first) == len(trace)
-    assert sum(o.num_instances for o in first) * first[0].tp == CLUSTER["num_gpus"]
+    assert sum(o.num_instances for o in first) * first[0].tp == CLUSTER.num_gpus
     assert all(0.0 <= o.kv_usage <= 1.0 for o in sim.occupancy)
     assert any(o.kv_usage > 0.0 for o in sim.occupancy)
 
@@ -91,10 +95,8 @@ def test_kv_pressure_preempts_and_still_completes(trace) -> None:  # type: ignor
     small = trace
     result = simulate(
         small,
-        create_policy("verl", PolicyContext(default_tp=2)),
-        model="qwen3-32b",
-        gpu="h100",
-        num_gpus=2,
+        create_policy("verl", PolicyContext(ClusterShape(default_tp=2))),
+        ClusterShape(model="qwen3-32b", gpu="h100", num_gpus=2),
     )
     assert result.generated_tokens == sum(s.generated_tokens for s in small)
     (inst,) = result.instances
@@ -103,18 +105,18 @@ def test_kv_pressure_preempts_and_still_completes(trace) -> None:  # type: ignor
 
 def test_policies_behave_differently(trace) -> None:  # type: ignore[no-untyped-def]
     makespans = {
-        name: simulate(trace, create_policy(name), **CLUSTER).makespan_s
+        name: simulate(trace, create_policy(name), CLUSTER).makespan_s
         for name in ("verl", "slime", "autellix")
     }
     assert len(set(makespans.values())) == 3
-    libra = simulate(trace, create_policy("libra"), **CLUSTER)
+    libra = simulate(trace, create_policy("libra"), CLUSTER)
     assert {i["role"] for i in libra.instances} == {"short", "long"}
     assert libra.migrations > 0
 
 
 def test_sticky_policies_keep_a_trajectory_on_its_instance(trace) -> None:  # type: ignore[no-untyped-def]
     for name in ("verl", "sticky_least_loaded"):
-        sim = Simulator(trace=trace, policy=create_policy(name), record_steps=True, **CLUSTER)
+        sim = Simulator(trace=trace, policy=create_policy(name), record_steps=True, cluster=CLUSTER)
         sim.run()
         homes: dict[str, set[str]] = {}
         for tid, *_, instance in sim.step_log or []:
@@ -125,9 +127,15 @@ def test_sticky_policies_keep_a_trajectory_on_its_instance(trace) -> None:  # ty
 def test_a_split_for_another_cluster_is_refused(trace) -> None:  # type: ignore[no-untyped-def]
     """A planning policy splits the GPUs its context names; the simulator checks them
     against its own cluster instead of running instances on GPUs it does not have."""
-    policy = create_policy("heddle-oracle", PolicyContext(num_gpus=8, truth=tuple(trace)))
+    policy = create_policy(
+        "heddle-oracle", PolicyContext(ClusterShape(num_gpus=8), truth=tuple(trace))
+    )
     with pytest.raises(ValueError, match=r"split the cluster into 8 GPUs.*it has 4"):
-        Simulator(trace=trace, policy=policy, model="qwen3-8b", gpu="h100", num_gpus=4)
+        Simulator(
+            trace=trace,
+            policy=policy,
+            cluster=ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=4),
+        )
 
 
 class _EveryStepMoves(LeastLoaded):
@@ -153,8 +161,12 @@ def test_a_move_pays_the_link_between_its_instances_or_recomputes_without_one(
 
     def run(kv_transfer: bool) -> Simulator:
         policy = Policy("alternate", FirstComeFirstServed(), _EveryStepMoves(), Homogeneous(tp))
-        sim = Simulator(trace=trace, policy=policy, model="qwen3-14b", gpu="h100",
-                        num_gpus=num_gpus, kv_transfer=kv_transfer)  # fmt: skip
+        sim = Simulator(
+            trace=trace,
+            policy=policy,
+            kv_transfer=kv_transfer,
+            cluster=ClusterShape(model="qwen3-14b", gpu="h100", num_gpus=num_gpus),
+        )
         sim.run()
         return sim
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -32,7 +33,8 @@ def ray_engine(
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20)
     from engines.pool import EngineShape
 
-    shape = EngineShape(SMALL_CLUSTER.model, SMALL_CLUSTER.gpu, 16, 2048, 0.9)
+    small = replace(SMALL_CLUSTER.shape(), max_num_seqs=16, max_num_batched_tokens=2048)
+    shape = EngineShape(small)
     settings = VllmSettings(model_path=str(model), max_num_seqs=16, max_model_len=2048)
     pool = EnginePool(shape, settings, ray=True)
     loop = asyncio.new_event_loop()

@@ -108,19 +108,12 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     store = TrajectoryStore.open(opts.store_url)
     cluster = opts.cluster
     prefix = opts.queue_prefix
-    service = SchedulerService(context=PolicyContext.for_cluster(cluster))
+    shape = cluster.shape()
+    service = SchedulerService(context=PolicyContext(shape))
     pool = None
     if opts.host_engines:
         pool = EnginePool(
-            EngineShape(
-                model=cluster.model,
-                gpu=cluster.gpu,
-                max_num_seqs=cluster.max_num_seqs,
-                max_num_batched_tokens=cluster.max_num_batched_tokens,
-                gpu_memory_utilization=cluster.gpu_memory_utilization,
-                policy=opts.engine_policy,
-                time_scale=opts.time_scale,
-            ),
+            EngineShape(shape, policy=opts.engine_policy, time_scale=opts.time_scale),
             vllm_settings(cluster),
             ray=cluster.engine.hosting == "ray",
         )

@@ -22,6 +22,7 @@ from engines.trajectory_costs import (
     memory_reads_s,
     one_gpu_terms,
 )
+from heddle.hardware import ClusterShape
 from heddle.types import TrajectorySpec
 
 # Context bins of the streams term: each bin's tokens are costed at its lower edge, so
@@ -32,21 +33,13 @@ _CONTEXT_BINS = 256
 _LP_CONTEXT_BINS = 64
 
 
-def lower_bound(
-    specs: Sequence[TrajectorySpec],
-    *,
-    model: str,
-    gpu: str,
-    num_gpus: int,
-    tp_choices: Sequence[int],
-    max_num_seqs: int,
-    gpu_memory_utilization: float = 0.9,
-) -> dict[str, float]:
+def lower_bound(specs: Sequence[TrajectorySpec], cluster: ClusterShape) -> dict[str, float]:
     """The largest of (a) the longest trajectory alone, (b) the tokens over the cluster's
     peak decode throughput, (c) the memory reads no schedule avoids, (d) the iteration
     streams the long trajectories need to finish in time, and (e) the same streams as a
     linear program, at the size of the long set that gives (d) (see each term)."""
-    costs = allowed_costs(model, gpu, num_gpus, tp_choices, gpu_memory_utilization)
+    costs = allowed_costs(cluster)
+    num_gpus, max_num_seqs = cluster.num_gpus, cluster.max_num_seqs
     longest = longest_alone_s(specs, costs)
     tokens = sum(s.generated_tokens for s in specs)
     context = min(s.prompt_tokens for s in specs)

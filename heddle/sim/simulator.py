@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.core import DecodeBlock, EngineCore, EngineLimits, StepOutput
+from engines.core import DecodeBlock, EngineCore, StepOutput, modelled_core
 from engines.costmodel import CostModel, Move, cheapest_move, same_node
 from engines.request import EngineRequest
+from heddle.hardware import ClusterShape
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
 from heddle.types import Decision, TrajectorySpec
@@ -105,12 +106,7 @@ class Simulator:
         *,
         trace: Sequence[TrajectorySpec],
         policy: Policy,
-        model: str,
-        gpu: str,
-        num_gpus: int,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        gpu_memory_utilization: float = 0.9,
+        cluster: ClusterShape,
         record_steps: bool = False,
         sample_every_s: float = 0.0,
         kv_transfer: bool = True,
@@ -125,6 +121,8 @@ class Simulator:
         self.step_log: list[tuple[str, int, float, float, float, float, str]] | None = (
             [] if record_steps else None
         )
+        self.cluster = cluster
+        num_gpus = cluster.num_gpus
         self.num_gpus = num_gpus
         self.trajectories = {s.trajectory_id: _Trajectory(s, context_tokens=s.prompt_tokens)
                              for s in trace}  # fmt: skip
@@ -132,8 +130,6 @@ class Simulator:
             raise ValueError("trajectory ids repeat in the trace")
         # A planning policy sees every first step before the split is read.
         policy.on_batch_start([self._event(t) for t in self.trajectories.values()])
-        self._engine_shape = (model, gpu, max_num_seqs, max_num_batched_tokens,
-                              gpu_memory_utilization)  # fmt: skip
         split = policy.split.instances(num_gpus)
         split_gpus = sum(ispec.tp for ispec in split)
         if split_gpus > num_gpus:
@@ -163,17 +159,8 @@ class Simulator:
         self._state_pos: dict[str, int] = {}
 
     def _new_instance(self, ispec: InstanceSpec) -> _Instance:
-        model, gpu, max_num_seqs, max_num_batched_tokens, memory_fraction = self._engine_shape
-        cost = CostModel.for_names(model, gpu, ispec.tp, memory_fraction)
-        if cost.kv_capacity_tokens <= 0:
-            raise ValueError(f"{model} does not fit on TP-{ispec.tp} {gpu} instances")
-        limits = EngineLimits(
-            kv_capacity_tokens=cost.kv_capacity_tokens,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            policy=self.policy.order.queue,
-        )
-        return _Instance(ispec, EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost)
+        core, cost = modelled_core(self.cluster, ispec.tp, self.policy.order.queue)
+        return _Instance(ispec, core, cost)
 
     # ---- events ------------------------------------------------------------------------
     def _push(self, t: float, kind: int, ref: object) -> None:
@@ -574,6 +561,8 @@ class Simulator:
         )
 
 
-def simulate(trace: Sequence[TrajectorySpec], policy: Policy, **cluster: Any) -> SimResult:
-    """Run one policy on one trace; `cluster` is `Simulator`'s model, GPU and limits."""
-    return Simulator(trace=trace, policy=policy, **cluster).run()
+def simulate(
+    trace: Sequence[TrajectorySpec], policy: Policy, cluster: ClusterShape, **options: Any
+) -> SimResult:
+    """Run one policy on one trace on the cluster; `options` are `Simulator`'s."""
+    return Simulator(trace=trace, policy=policy, cluster=cluster, **options).run()

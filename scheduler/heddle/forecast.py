@@ -1,0 +1,122 @@
+"""Progressive prediction and ranking: each trajectory's remaining tokens, re-predicted at
+every step, and its rank among the active ones by predicted total length (Heddle paper,
+"Progressive prediction")."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from heddle.types import TrajectorySpec
+from scheduler.interface import StepEvent
+from scheduler.predictor import RemainingPredictor
+
+
+class Lengths(Protocol):
+    """Where a trajectory's remaining length comes from."""
+
+    # True when the lengths are the batch's own (the oracle ablation).
+    exact: bool
+
+    def predict(self, event: StepEvent) -> float: ...
+
+    def finished(self, group_id: str, generated_tokens: int) -> None: ...
+
+
+@dataclass
+class TrueLengths:
+    """The oracle: the batch's true lengths, the predictor's headroom."""
+
+    truth: dict[str, TrajectorySpec]
+    exact: bool = True
+
+    def predict(self, event: StepEvent) -> float:
+        spec = self.truth[event.trajectory_id]
+        return float(max(1, spec.generated_tokens - event.generated_tokens))
+
+    def finished(self, group_id: str, generated_tokens: int) -> None:
+        return None
+
+
+@dataclass
+class LearnedLengths:
+    """The LightGBM predictor trained on an earlier iteration; a finished sibling sharpens
+    its group's later predictions."""
+
+    predictor: RemainingPredictor
+    exact: bool = False
+
+    def predict(self, event: StepEvent) -> float:
+        return self.predictor.predict(event)
+
+    def finished(self, group_id: str, generated_tokens: int) -> None:
+        self.predictor.memory.sibling_finished(group_id, generated_tokens)
+
+
+@dataclass
+class Forecast:
+    """The active trajectories' predicted remaining tokens and mean KV, and their ranking
+    (longest predicted total first), kept sorted as each is re-predicted."""
+
+    lengths: Lengths
+    # Context tokens added per generated token (tool outputs included), from the history:
+    # search observations can outweigh what the model writes.
+    context_growth: float = 1.0
+    remaining: dict[str, float] = field(default_factory=dict)
+    _key: dict[str, float] = field(default_factory=dict)
+    _context: dict[str, float] = field(default_factory=dict)
+    _active: list[tuple[float, str]] = field(default_factory=list)
+
+    @staticmethod
+    def growth_of(specs: Sequence[TrajectorySpec]) -> float:
+        generated = sum(s.generated_tokens for s in specs)
+        observed = sum(st.tool_output_tokens for s in specs for st in s.steps)
+        return 1.0 + observed / generated if generated else 1.0
+
+    def __len__(self) -> int:
+        """How many trajectories are active."""
+        return len(self._active)
+
+    def __contains__(self, trajectory_id: object) -> bool:
+        return trajectory_id in self._key
+
+    def update(self, event: StepEvent) -> float:
+        """Re-predict a trajectory; its rank key is its predicted total length (made so
+        far plus predicted remaining), so progress alone does not move it."""
+        tid = event.trajectory_id
+        self._unrank(tid)
+        value = self.lengths.predict(event)
+        self.remaining[tid] = value
+        # Its mean KV while the rest runs: the context now plus half of what is still to
+        # come, generated tokens and the tool outputs that come with them.
+        self._context[tid] = event.context_tokens + value * self.context_growth / 2
+        key = value + event.generated_tokens
+        self._key[tid] = key
+        bisect.insort(self._active, (-key, tid))
+        return value
+
+    def rank(self, tid: str) -> int:
+        return bisect.bisect_left(self._active, (-self._key[tid], tid))
+
+    def finished(self, tid: str, group_id: str, generated_tokens: int) -> None:
+        self.remaining.pop(tid, None)
+        self._context.pop(tid, None)
+        self._unrank(tid)
+        self._key.pop(tid, None)
+        self.lengths.finished(group_id, generated_tokens)
+
+    def _unrank(self, tid: str) -> None:
+        old = self._key.get(tid)
+        if old is not None:
+            i = bisect.bisect_left(self._active, (-old, tid))
+            if i < len(self._active) and self._active[i] == (-old, tid):
+                self._active.pop(i)
+
+    def longest_first(self) -> tuple[list[float], list[float]]:
+        """The active trajectories' predicted remaining tokens, longest first, and their
+        mean KV while they run: the DP's input."""
+        pairs = sorted(((self.remaining[t], self._context[t]) for _, t in self._active),
+                       key=lambda p: -p[0])  # fmt: skip
+        return [r for r, _ in pairs], [c for _, c in pairs]

@@ -1,0 +1,237 @@
+"""Heddle's placement and order: progressive priority (the longest predicted remaining
+runs first, preemptively) and the rank-to-instance placement with opportunistic
+migration (Heddle paper, Alg. 1), with the reviews and drain moves beyond it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from heddle.types import Decision
+from scheduler.heddle.bookings import Bookings
+from scheduler.heddle.forecast import Forecast
+from scheduler.heddle.plan import BatchPlan
+from scheduler.heddle.reshaping import Reshaping
+from scheduler.heddle.speeds import InstanceSpeeds, draining
+from scheduler.interface import InstanceState, StepEvent
+from scheduler.placement import least_loaded
+
+# Below this many predicted remaining tokens a move does not pay for itself.
+MIN_MIGRATE_TOKENS = 512
+# A target holding this many more steps than its share is busy: skip the move.
+BUSY_SLACK = 8
+
+
+@dataclass(frozen=True)
+class LongestPredictedFirst:
+    """Progressive priority: the longest predicted remaining runs first, preemptively."""
+
+    forecast: Forecast
+    queue: str = "priority"
+
+    def priority(self, event: StepEvent, now: float) -> int:
+        return -int(self.forecast.remaining.get(event.trajectory_id, 0.0))
+
+
+@dataclass
+class HeddlePlacement:
+    """Where each step runs: its rank names an instance (the DP's groups), the booked
+    work picks among instances of one width, and a trajectory moves during its tool call
+    (or mid-decode, at a review) when its rank names another."""
+
+    forecast: Forecast
+    bookings: Bookings
+    plan: BatchPlan
+    reshaping: Reshaping
+    use_dp: bool = True
+    migrate: bool = True
+
+    @property
+    def emptying(self) -> tuple[str, ...]:
+        """The block being emptied to merge (`Reshaping._start_vacating`)."""
+        return self.reshaping.vacating
+
+    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+        self.reshaping.decoding.pop(event.trajectory_id, None)
+        remaining = self.forecast.update(event)
+        decision = self._decide(event, instances, remaining)
+        self._book(event.trajectory_id, decision.instance_id)
+        return decision
+
+    def _book(self, tid: str, instance_id: str) -> None:
+        self.bookings.book(tid, instance_id, self.forecast.remaining.get(tid, 0.0))
+
+    def _work_on(self, instance_id: str, excluding: str) -> float:
+        remaining = self.forecast.remaining.get(excluding, 0.0)
+        return self.bookings.work_on(instance_id, excluding, remaining)
+
+    def _target(self, tid: str) -> tuple[str, float]:
+        return self.plan.target(self.forecast.rank(tid), len(self.forecast))
+
+    def _least_work_of_width(
+        self, target: str, instances: Sequence[InstanceState], event: StepEvent, remaining: float
+    ) -> str:
+        """Instances of one width are interchangeable: the rank names the width, the
+        predicted work already booked picks the instance (pull-style balance, as per-step
+        least-loaded gets). The trajectory stays where it is (its KV is there) unless
+        moving evens out the work."""
+        tid, prev = event.trajectory_id, event.previous_instance
+        pinned, vacating = self.plan.pinned, self.reshaping.vacating
+        if target in pinned:
+            return target
+        by_id = {s.instance_id: s for s in instances}
+        width = by_id[target].tp
+        closed = pinned | set(vacating)
+        taking = [s.instance_id for s in instances
+                  if s.tp == width and s.instance_id not in closed]  # fmt: skip
+        best = min(taking, key=lambda i: (self._work_on(i, tid), i != prev))
+        if (
+            prev in by_id
+            and prev not in vacating
+            and prev not in pinned
+            and by_id[prev].tp == width
+            and self._work_on(prev, tid) <= self._work_on(best, tid) + remaining
+        ):
+            return prev
+        return best
+
+    def _decide(
+        self, event: StepEvent, instances: Sequence[InstanceState], remaining: float
+    ) -> Decision:
+        plan, vacating = self.plan, self.reshaping.vacating
+        prev = event.previous_instance
+        if not self.use_dp:
+            best = least_loaded(instances, prev)
+            return Decision(best.instance_id, reason="least_loaded")
+        target, share = self._target(event.trajectory_id)
+        by_id = {s.instance_id: s for s in instances}
+        if target in by_id:
+            target = self._least_work_of_width(target, instances, event, remaining)
+        if prev is None:
+            return Decision(target, reason="dp_rank")
+        if prev in vacating:
+            return Decision(target, reason="vacating", migrate=True)
+        if target == prev:
+            return Decision(prev, reason="rank_kept")
+        if not self.migrate or remaining < MIN_MIGRATE_TOKENS:
+            return Decision(prev, reason="stay")
+        src, dst = by_id.get(prev), by_id.get(target)
+        if src is not None and dst is not None and dst.tp < src.tp and draining(instances):
+            # GPUs are spare, and narrowing would undo what `_drain_moves` bought.
+            return Decision(prev, reason="draining_keeps_width")
+        leaving_pin = prev in plan.pinned and target not in plan.pinned
+        if (
+            src is not None
+            and dst is not None
+            and src.tp == dst.tp
+            and src.num_in_flight <= dst.num_in_flight + BUSY_SLACK
+            and not leaving_pin
+        ):
+            # Same width and not overloaded: a move would buy little balance for its cost.
+            return Decision(prev, reason="same_width")
+        if dst is not None and dst.num_in_flight > share + BUSY_SLACK:
+            return Decision(prev, reason="target_busy")
+        return Decision(target, reason="left_pinned" if leaving_pin else "rank_moved", migrate=True)
+
+    def review(
+        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+    ) -> dict[str, Decision]:
+        """Beyond the paper: a decode that outlives its prediction climbs the ranking
+        (its predicted total is at least what it has made); when its rank names a wider
+        instance it moves there mid-step rather than wait for a tool call it may never
+        make (a final answer has none)."""
+        if not (self.use_dp and self.migrate):
+            return {}
+        forecast, pinned = self.forecast, self.plan.pinned
+        by_id = {s.instance_id: s for s in instances}
+        moves = {}
+        # Every decode re-predicted first, then moved longest first (the paper's order):
+        # a move books its work where it lands, which the next choice of instance reads.
+        remaining_of = {e.trajectory_id: forecast.update(e) for e in events}
+        for event in sorted(events, key=lambda e: forecast.rank(e.trajectory_id)):
+            tid = event.trajectory_id
+            remaining = remaining_of[tid]
+            target, share = self._target(tid)
+            if event.previous_instance in self.reshaping.vacating:
+                if target in by_id:
+                    target = self._least_work_of_width(target, instances, event, remaining)
+                moves[tid] = Decision(target, reason="vacating", migrate=True)
+                self._book(tid, target)
+                continue
+            if remaining < MIN_MIGRATE_TOKENS:
+                continue
+            src = by_id.get(event.previous_instance or "")
+            dst = by_id.get(target)
+            if src is None or dst is None:
+                continue
+            leaving_pin = src.instance_id in pinned and target not in pinned
+            if leaving_pin and dst.tp == src.tp:  # its rank left the pinned tier: make room
+                target = self._least_work_of_width(target, instances, event, remaining)
+                moves[tid] = Decision(target, reason="left_pinned", migrate=True)
+                self._book(tid, target)
+                continue
+            # Stopping a decode pays for a wider instance, or, at the same width, for a
+            # pinned one its rank entered: the mirror of leaving one (32B search seed 2:
+            # a 12,709-token first turn ranked just below the pins decoded for 176 s on
+            # a full open TP-8 beside idle pinned ones).
+            entering_pin = target in pinned and src.instance_id not in pinned
+            if dst.tp < src.tp or (dst.tp == src.tp and not entering_pin):
+                continue
+            if dst.num_in_flight > share + BUSY_SLACK:
+                continue
+            reason = "outgrew_instance" if dst.tp > src.tp else "entered_pinned"
+            moves[tid] = Decision(target, reason=reason, migrate=True)
+            self._book(tid, target)
+        moves |= self._drain_moves(events, instances, moves)
+        # What the reshaping's merges for long decodes weigh (`Reshaping.decoding`).
+        self.reshaping.decoding = {
+            e.trajectory_id: (moves[tid].instance_id if (tid := e.trajectory_id) in moves
+                              else e.previous_instance or "", e.context_tokens)
+            for e in events
+        }  # fmt: skip
+        return moves
+
+    def _drain_moves(
+        self,
+        events: Sequence[StepEvent],
+        instances: Sequence[InstanceState],
+        decided: dict[str, Decision],
+    ) -> dict[str, Decision]:
+        """Beyond the paper: once an instance is idle the batch is draining and GPUs are
+        spare, so a decode's own speed is what counts. Longest predicted first, each
+        moves to the instance where it would run fastest (its batch and KV as the
+        engines last reported them, plus it) if that is `DRAIN_WIDER_GAIN` times faster
+        on a wider instance or `DRAIN_SAME_GAIN` on one as wide. The rank-to-instance
+        map cannot do this: in the tail its predictions are all alike, and it left a
+        TP-8 instance with five decodes beside two idle ones."""
+        if not draining(instances):
+            return {}
+        forecast, vacating = self.forecast, self.reshaping.vacating
+        speeds = InstanceSpeeds.of(instances, self.reshaping.shapes.models)
+        moves = {}
+        for event in sorted(
+            (e for e in events if e.trajectory_id not in decided),
+            key=lambda e: forecast.rank(e.trajectory_id),
+        ):
+            tid, src = event.trajectory_id, event.previous_instance or ""
+            if forecast.remaining.get(tid, 0.0) < MIN_MIGRATE_TOKENS:
+                continue
+            context = event.context_tokens
+            options = {iid: there for iid in speeds.width if iid not in vacating
+                       and (there := speeds.faster(src, iid, context)) is not None}  # fmt: skip
+            if not options:
+                continue
+            best = min(options, key=options.__getitem__)
+            moves[tid] = Decision(best, reason="drain_faster", migrate=True)
+            self._book(tid, best)
+            speeds.move(src, best, context)
+        return moves
+
+    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+        return None
+
+    def on_trajectory_done(
+        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
+    ) -> None:
+        """The planner forgets it (`HeddlePlanner.on_trajectory_done`)."""
+        return None
