@@ -33,10 +33,10 @@ import numpy as np
 
 from heddle.config import ClusterConfig
 from heddle.sim import lower_bound, simulate
-from heddle.types import TrajectorySpec
+from heddle.types import TrajectorySpec, TrajectoryView
 from scheduler.heddle import HeddleVariant, heddle_policy
 from scheduler.heddle.forecast import LearnedLengths
-from scheduler.interface import PolicyContext, StepEvent
+from scheduler.interface import PolicyContext
 from scheduler.predictor import FEATURES, GroupMemory, RemainingPredictor, training_rows
 
 NUM_GPUS = 64
@@ -60,7 +60,7 @@ class NoisyTruth(RemainingPredictor):
             for tid in self.total
         }
 
-    def predict(self, event: StepEvent) -> float:
+    def predict(self, event: TrajectoryView) -> float:
         tid = event.trajectory_id
         return max(1.0, (self.total[tid] - event.generated_tokens) * self.factor[tid])
 

@@ -122,41 +122,103 @@ class Decision:
     anticipate: bool = False
 
 
-@dataclass
-class DecideRequest:
-    """Everything the trajectory has seen, so a policy decides live as in the simulator
-    (the fields of `scheduler.interface.StepEvent`)."""
+def size_bin(tokens: int) -> str:
+    return "s" if tokens <= 500 else ("m" if tokens <= 5000 else "l")
+
+
+def tool_state(tool: str, output_tokens: int, status: str) -> str:
+    """A tool call as a node of the tool-return path: "tool:size-bin:status" (Libra's
+    tree key, and a predictor feature)."""
+    return f"{tool}:{size_bin(output_tokens)}:{status}"
+
+
+@dataclass(frozen=True)
+class TrajectoryView:
+    """What the scheduler has seen of a trajectory as it is about to run its next LLM
+    step (or, shown to a review, part-way through one). The one record of it: the
+    workflow grows it after each step and tool result and sends it with each decide,
+    the simulator keeps one per trajectory, and every policy reads it."""
 
     trajectory_id: str
     group_id: str
     step_index: int
     context_tokens: int
     generated_tokens: int
-    policy: str = "least_loaded"
+    previous_instance: str | None = None
     prompt_tokens: int = 0
     num_tool_calls: int = 0
     last_tool: str | None = None
     last_tool_status: str | None = None
     last_tool_output_tokens: int = 0
-    # "tool:size-bin:status" per call so far, and the last few turns' output lengths.
-    tool_path: list[str] = field(default_factory=list)
-    recent_output_tokens: list[int] = field(default_factory=list)
-    batch_id: str = ""
-    # Where its last step ran (the workflow's own record: a restarted service forgot).
-    previous_instance: str = ""
-    # Its batch was planned (Heddle): a service that lost the plan plans it again.
-    planned: bool = False
+    # The tool-return path so far (`tool_state` per call), and the last few turns' lengths.
+    tool_path: tuple[str, ...] = ()
+    recent_output_tokens: tuple[int, ...] = ()
+    # Tokens of the current turn made so far: a step in progress shown to a review (its
+    # `generated_tokens` and `context_tokens` include them); 0 at a step boundary.
+    step_tokens: int = 0
 
-    def after_output(self, tokens: int) -> DecideRequest:
-        """The view as the step's `tokens` end, before any tool result: what the engine
-        host re-predicts from during the tool call."""
+    @classmethod
+    def first(cls, spec: TrajectorySpec) -> TrajectoryView:
+        """Before its first step: the prompt only."""
+        return cls(spec.trajectory_id, spec.group_id, 0, spec.prompt_tokens, 0,
+                   prompt_tokens=spec.prompt_tokens)  # fmt: skip
+
+    def after_output(self, tokens: int) -> TrajectoryView:
+        """As a step that made `tokens` ends, before any tool result."""
         return dataclasses.replace(
             self,
             step_index=self.step_index + 1,
             context_tokens=self.context_tokens + tokens,
             generated_tokens=self.generated_tokens + tokens,
-            recent_output_tokens=[*self.recent_output_tokens[-3:], tokens],
+            recent_output_tokens=(*self.recent_output_tokens[-3:], tokens),
+            step_tokens=0,
         )
+
+    def after_tool(self, tool: str, status: str, output_tokens: int) -> TrajectoryView:
+        """As the tool's result joins the context."""
+        return dataclasses.replace(
+            self,
+            num_tool_calls=self.num_tool_calls + 1,
+            last_tool=tool,
+            last_tool_status=status,
+            last_tool_output_tokens=output_tokens,
+            tool_path=(*self.tool_path, tool_state(tool, output_tokens, status)),
+            context_tokens=self.context_tokens + output_tokens,
+        )
+
+    def on(self, instance: str | None) -> TrajectoryView:
+        """Where its last step ran (None: nowhere yet, or an instance that is gone)."""
+        return dataclasses.replace(self, previous_instance=instance or None)
+
+    def in_progress(self, made: int) -> TrajectoryView:
+        """Part-way through its next step, `made` tokens into the turn (a review)."""
+        return dataclasses.replace(
+            self,
+            context_tokens=self.context_tokens + made,
+            generated_tokens=self.generated_tokens + made,
+            step_tokens=made,
+        )
+
+
+@dataclass
+class DecideRequest:
+    """A decide: the trajectory's view, where its last step ran by the workflow's own
+    record (a restarted service forgot), and the batch whose policy decides."""
+
+    view: TrajectoryView
+    policy: str = "least_loaded"
+    batch_id: str = ""
+    # Its batch was planned (Heddle): a service that lost the plan plans it again.
+    planned: bool = False
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.view.trajectory_id
+
+    def after_output(self, tokens: int) -> DecideRequest:
+        """The request as the step's `tokens` end, before any tool result: what the
+        engine host re-predicts from during the tool call."""
+        return dataclasses.replace(self, view=self.view.after_output(tokens))
 
 
 @dataclass

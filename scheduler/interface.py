@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from heddle.hardware import ClusterShape
-from heddle.types import Decision, TrajectorySpec
+from heddle.types import Decision, TrajectorySpec, TrajectoryView
 
 
 @dataclass(frozen=True)
@@ -39,29 +39,6 @@ class InstanceState:
     kv_usage: float = 0.0  # fraction of its KV cache in use, as the engine last reported
 
 
-@dataclass(frozen=True)
-class StepEvent:
-    """A trajectory about to run its next LLM step: everything the system has seen of it."""
-
-    trajectory_id: str
-    group_id: str
-    step_index: int
-    context_tokens: int
-    generated_tokens: int
-    previous_instance: str | None = None
-    prompt_tokens: int = 0
-    num_tool_calls: int = 0
-    last_tool: str | None = None
-    last_tool_status: str | None = None
-    last_tool_output_tokens: int = 0
-    # The tool-return path so far: "tool:size-bin:status" per call (Libra's tree key).
-    tool_path: tuple[str, ...] = ()
-    recent_output_tokens: tuple[int, ...] = ()
-    # Tokens of the current turn made so far: a step in progress shown to a review (its
-    # `generated_tokens` and `context_tokens` include them); 0 at a step boundary.
-    step_tokens: int = 0
-
-
 class Order(Protocol):
     """Engine queue discipline and a step's priority in it (lower runs first)."""
 
@@ -70,15 +47,15 @@ class Order(Protocol):
         """The engine's queue policy: "fcfs" or "priority"."""
         ...
 
-    def priority(self, event: StepEvent, now: float) -> int: ...
+    def priority(self, event: TrajectoryView, now: float) -> int: ...
 
 
 class Placement(Protocol):
     def place(
-        self, event: StepEvent, instances: Sequence[InstanceState], now: float
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
     ) -> Decision: ...
 
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None: ...
+    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None: ...
 
     def on_trajectory_done(
         self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
@@ -97,7 +74,7 @@ class Reviewer(Protocol):
     to another instance (its KV transferred, generation resumed from the tokens made)."""
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]: ...
 
 
@@ -105,7 +82,7 @@ class Reviewer(Protocol):
 class BatchAware(Protocol):
     """A placement that plans from the whole batch before its first step."""
 
-    def on_batch_start(self, events: Sequence[StepEvent]) -> None: ...
+    def on_batch_start(self, events: Sequence[TrajectoryView]) -> None: ...
 
 
 class Split(Protocol):
@@ -198,7 +175,9 @@ class Policy:
         self.migrates: bool = isinstance(self.placement, Migrating) and self.placement.migrate
         self.reviews: bool = self._reviewer is not None
 
-    def decide(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def decide(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         placed = self.placement.place(event, instances, now)
         priority = self.order.priority(event, now)
         return Decision(
@@ -208,7 +187,7 @@ class Policy:
             migrate=placed.migrate,
         )
 
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         self.placement.on_step_done(event, instance_id, output_tokens)
 
     def on_trajectory_done(
@@ -220,7 +199,7 @@ class Policy:
                 trajectory_id, group_id, generated_tokens, num_turns
             )
 
-    def on_batch_start(self, events: Sequence[StepEvent]) -> None:
+    def on_batch_start(self, events: Sequence[TrajectoryView]) -> None:
         """Called with every trajectory's first step before any runs (and before the
         split is read: a planner may choose it from the batch)."""
         for part in self._batch_aware:
@@ -232,7 +211,7 @@ class Policy:
         return frozenset(self._emptier.emptying) if self._emptier is not None else frozenset()
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         """Moves of steps in progress (`events` carry the tokens made so far), by
         trajectory id; none unless the placement is a `Reviewer`."""

@@ -14,20 +14,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from heddle.types import Decision, TrajectorySpec
-from scheduler.interface import InstanceState, StepEvent
+from heddle.types import Decision, TrajectorySpec, TrajectoryView, tool_state
+from scheduler.interface import InstanceState
 from scheduler.placement import least_loaded
 
 WINDOW = 200
 LONG_THRESHOLD_TOKENS = 5_000
-
-
-def size_bin(tokens: int) -> str:
-    return "s" if tokens <= 500 else ("m" if tokens <= 5000 else "l")
-
-
-def tool_state(tool: str, output_tokens: int, status: str) -> str:
-    return f"{tool}:{size_bin(output_tokens)}:{status}"
 
 
 def prompt_key(group_id: str) -> str:
@@ -98,7 +90,9 @@ class LibraPlacement:
         for spec in history:
             self.tree.observe_trajectory(spec)
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         tid = event.trajectory_id
         self._seen.setdefault(tid, []).append((event.tool_path, event.generated_tokens))
         current = self.bucket.get(tid, "short")
@@ -122,7 +116,7 @@ class LibraPlacement:
             best.instance_id, reason=f"to_{wanted}" if moved else "start", migrate=moved
         )
 
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         return None
 
     def on_trajectory_done(
@@ -142,5 +136,5 @@ class MultiLevelFeedback:
     queue: str = "priority"
     base_tokens: int = 500
 
-    def priority(self, event: StepEvent, now: float) -> int:
+    def priority(self, event: TrajectoryView, now: float) -> int:
         return int(math.log2(event.generated_tokens / self.base_tokens + 1))

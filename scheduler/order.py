@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.interface import StepEvent
+from heddle.types import TrajectoryView
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,7 @@ class FirstComeFirstServed:
 
     queue: str = "fcfs"
 
-    def priority(self, event: StepEvent, now: float) -> int:
+    def priority(self, event: TrajectoryView, now: float) -> int:
         return 0
 
 
@@ -24,5 +24,5 @@ class LeastAttainedServiceFirst:
 
     queue: str = "priority"
 
-    def priority(self, event: StepEvent, now: float) -> int:
+    def priority(self, event: TrajectoryView, now: float) -> int:
         return event.generated_tokens

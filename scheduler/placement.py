@@ -9,8 +9,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heddle.types import Decision
-from scheduler.interface import InstanceState, StepEvent
+from heddle.types import Decision, TrajectoryView
+from scheduler.interface import InstanceState
 
 
 def least_loaded(instances: Sequence[InstanceState], prefer: str | None = None) -> InstanceState:
@@ -21,7 +21,7 @@ def least_loaded(instances: Sequence[InstanceState], prefer: str | None = None) 
 
 
 class _NoHooks:
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         return None
 
     def on_trajectory_done(
@@ -35,7 +35,9 @@ class LeastLoaded(_NoHooks):
     """Per-step least-loaded routing (the walking skeleton's placeholder); ties go to
     the trajectory's previous instance."""
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         best = least_loaded(instances, event.previous_instance)
         reason = "sticky_tie" if best.instance_id == event.previous_instance else "least_loaded"
         return Decision(best.instance_id, reason=reason)
@@ -50,7 +52,9 @@ class StickySessions(_NoHooks):
     max_sessions: int = 1 << 20
     sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         known = self.sessions.get(event.trajectory_id)
         if known is not None and any(s.instance_id == known for s in instances):
             self.sessions.move_to_end(event.trajectory_id)
@@ -75,7 +79,9 @@ class SkewSwitch(StickySessions):
 
     threshold: int = 32
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         loads = [s.num_in_flight for s in instances]
         if max(loads) - min(loads) > self.threshold:
             best = least_loaded(instances, event.previous_instance)
@@ -95,7 +101,9 @@ class CacheAware(_NoHooks):
     rel_threshold: float = 1.0001
     group_home: dict[str, str] = field(default_factory=dict)
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         loads = [s.num_in_flight for s in instances]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
@@ -118,7 +126,9 @@ class StickyLeastSessions(_NoHooks):
 
     home: dict[str, str] = field(default_factory=dict)
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         known = self.home.get(event.trajectory_id)
         if known is not None and any(s.instance_id == known for s in instances):
             return Decision(known, reason="sticky")

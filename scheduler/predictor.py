@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import lightgbm
 import numpy as np
 
-from heddle.types import TrajectorySpec
-from scheduler.interface import REVIEW_MIN_TOKENS, StepEvent
+from heddle.types import TrajectorySpec, TrajectoryView
+from scheduler.interface import REVIEW_MIN_TOKENS
 from scheduler.libra import prompt_key
 
 TOOLS = ("python", "search", "calculator")
@@ -245,7 +245,7 @@ class RemainingPredictor:
                  for b in range(STEP_BUCKETS)]  # fmt: skip
         return cls(fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y))
 
-    def event_row(self, event: StepEvent) -> list[float]:
+    def event_row(self, event: TrajectoryView) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
         per step (a mid-step review, the re-prediction during its tool call)."""
         return _row(
@@ -280,7 +280,7 @@ class RemainingPredictor:
         left = self.longest - rows[:, FEATURES.index("generated")]
         return np.where(left > 0, np.minimum(expected, left), expected).clip(min=1.0)
 
-    def predict(self, event: StepEvent) -> float:
+    def predict(self, event: TrajectoryView) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
 
 

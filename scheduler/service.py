@@ -24,6 +24,7 @@ from heddle.types import (
     StepReport,
     TrajectoryDone,
     TrajectorySpec,
+    TrajectoryView,
 )
 from scheduler.interface import (
     REVIEW_MIN_TOKENS,
@@ -31,7 +32,6 @@ from scheduler.interface import (
     InstanceState,
     Policy,
     PolicyContext,
-    StepEvent,
 )
 from scheduler.plan import initial_plan
 from scheduler.registry import create_policy
@@ -48,25 +48,6 @@ class BatchNotPlanned(LookupError):
 
 PRIORITY_BUCKETS = 5
 PRIORITY_WINDOW = 1024
-
-
-def step_event(request: DecideRequest, previous_instance: str | None) -> StepEvent:
-    """The policy core's view of a live decide request (the simulator builds the same)."""
-    return StepEvent(
-        trajectory_id=request.trajectory_id,
-        group_id=request.group_id,
-        step_index=request.step_index,
-        context_tokens=request.context_tokens,
-        generated_tokens=request.generated_tokens,
-        previous_instance=previous_instance,
-        prompt_tokens=request.prompt_tokens,
-        num_tool_calls=request.num_tool_calls,
-        last_tool=request.last_tool,
-        last_tool_status=request.last_tool_status,
-        last_tool_output_tokens=request.last_tool_output_tokens,
-        tool_path=tuple(request.tool_path),
-        recent_output_tokens=tuple(request.recent_output_tokens),
-    )
 
 
 class PriorityBuckets:
@@ -192,19 +173,7 @@ class SchedulerService:
         gets the split the cluster runs."""
         ctx = replace(self.context, history=tuple(history), truth=tuple(specs))
         policy = create_policy(name, ctx)
-        policy.on_batch_start(
-            [
-                StepEvent(
-                    s.trajectory_id,
-                    s.group_id,
-                    0,
-                    s.prompt_tokens,
-                    0,
-                    prompt_tokens=s.prompt_tokens,
-                )
-                for s in specs
-            ]
-        )
+        policy.on_batch_start([TrajectoryView.first(s) for s in specs])
         split = policy.split.instances(ctx.cluster.num_gpus)
         tag = batch_id.rsplit("-", 1)[-1][:8]
         live = {s.instance_id: f"{tag}-{s.instance_id}" for s in split}
@@ -240,7 +209,8 @@ class SchedulerService:
 
     def _previous(self, request: DecideRequest) -> str | None:
         """Where the trajectory last ran: this service's record, else the workflow's."""
-        return self._last_instance.get(request.trajectory_id) or request.previous_instance or None
+        own = self._last_instance.get(request.trajectory_id)
+        return own or request.view.previous_instance or None
 
     def decide(self, request: DecideRequest, now: float) -> Decision:
         key = self._key(request.policy, request.batch_id, request.planned)
@@ -251,7 +221,7 @@ class SchedulerService:
         previous = self._previous(request)
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
-        decision = self._policies[key].decide(step_event(request, previous_ours), states, now)
+        decision = self._policies[key].decide(request.view.on(previous_ours), states, now)
         target = live[decision.instance_id]
         decision = replace(
             decision,
@@ -276,7 +246,7 @@ class SchedulerService:
         live, ours, states = self._view(key)
         if not policy.migrates or previous not in ours or not states:
             return None
-        decision = policy.decide(step_event(request, ours[previous]), states, now)
+        decision = policy.decide(request.view.on(ours[previous]), states, now)
         target = live[decision.instance_id]
         if not decision.migrate or target == previous:
             return None
@@ -290,7 +260,7 @@ class SchedulerService:
         context now) for each step in progress or queued; a reviewing policy may move one
         that has made `REVIEW_MIN_TOKENS` in its turn, or any on an instance it is
         emptying. Returns (trajectory, from, to)."""
-        shown: dict[tuple[str, str], list[tuple[StepEvent, str]]] = {}
+        shown: dict[tuple[str, str], list[tuple[TrajectoryView, str]]] = {}
         # Per batch, once a review: the cluster's ids -> the policy's, and what it empties
         # (None: the policy does not review).
         views: dict[tuple[str, str], tuple[dict[str, str], frozenset[str]] | None] = {}
@@ -306,16 +276,11 @@ class SchedulerService:
             view = views[key]
             if view is None:
                 continue
-            made = context - request.context_tokens
+            made = context - request.view.context_tokens
             here = view[0].get(instance_id, instance_id)
             if made < REVIEW_MIN_TOKENS and here not in view[1]:
                 continue
-            moved = replace(
-                request,
-                context_tokens=request.context_tokens + made,
-                generated_tokens=request.generated_tokens + made,
-            )
-            event = replace(step_event(moved, here), step_tokens=made)
+            event = request.view.on(here).in_progress(made)
             shown.setdefault(key, []).append((event, instance_id))
         moves = []
         for key, items in shown.items():

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heddle.types import Decision
-from scheduler.interface import InstanceState, StepEvent
+from heddle.types import Decision, TrajectoryView
+from scheduler.interface import InstanceState
 from scheduler.placement import StickySessions, least_loaded
 
 EMA_WEIGHT = 0.3
@@ -31,7 +31,7 @@ class TurnsLeft:
         self.ema[group_id] = (1 - EMA_WEIGHT) * old + EMA_WEIGHT * turns
         self.global_ema = (1 - EMA_WEIGHT) * self.global_ema + EMA_WEIGHT * turns
 
-    def left(self, event: StepEvent) -> float:
+    def left(self, event: TrajectoryView) -> float:
         return max(0.0, self.ema.get(event.group_id, self.global_ema) - event.step_index)
 
 
@@ -43,7 +43,9 @@ class WarPlacement(StickySessions):
     load_weight: float = 2.0
     turns: TurnsLeft = field(default_factory=TurnsLeft)
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         load = sum(s.num_in_flight for s in instances) / (len(instances) * self.seats_per_instance)
         if load < self.load_threshold:
             return super().place(event, instances, now)
@@ -75,5 +77,5 @@ class FewestTurnsLeft:
     turns: TurnsLeft
     queue: str = "priority"
 
-    def priority(self, event: StepEvent, now: float) -> int:
+    def priority(self, event: TrajectoryView, now: float) -> int:
         return int(10 * self.turns.left(event))

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heddle.types import Decision
-from scheduler.interface import InstanceSpec, InstanceState, Reshape, StepEvent
+from heddle.types import Decision, TrajectoryView
+from scheduler.interface import InstanceSpec, InstanceState, Reshape
 from scheduler.placement import LeastLoaded
 
 
@@ -31,6 +31,8 @@ class MergeIdlePair:
 
 
 class OnMergedWhenUp(LeastLoaded):
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         up = {s.instance_id for s in instances}
         return Decision("m" if "m" in up else "a", reason="test")

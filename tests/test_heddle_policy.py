@@ -13,10 +13,10 @@ import pytest
 from engines.costmodel import CostModel
 from heddle.client import validate_options
 from heddle.hardware import ClusterShape
-from heddle.types import RolloutOptions
+from heddle.types import RolloutOptions, TrajectoryView
 from heddle.workloads import generate
 from scheduler.heddle import HeddlePlacement, HeddlePlanner, HeddleVariant
-from scheduler.interface import InstanceState, PolicyContext, StepEvent
+from scheduler.interface import InstanceState, PolicyContext
 from scheduler.placement_dp import (
     KV_SHARE_CAP,
     InstanceModel,
@@ -306,12 +306,12 @@ def test_a_turn_in_progress_is_forecast_from_what_it_has_made() -> None:
     r_without = pearson(boundary_only.predict(xt[in_turn]), yt[in_turn])
     assert r_with > r_without + 0.03
     # Live and simulated reviews carry the turn's tokens in the event.
-    event = StepEvent("t", "g", 0, 4_196, 4_096, prompt_tokens=100, step_tokens=4_096)
+    event = TrajectoryView("t", "g", 0, 4_196, 4_096, prompt_tokens=100, step_tokens=4_096)
     assert predictor.event_row(event)[FEATURES.index("step_made")] == 4_096
 
 
-def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
-    return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
+def _event(tid: str, step: int, generated: int, prev: str | None) -> TrajectoryView:
+    return TrajectoryView(tid, "g", step, 100 + generated, generated, previous_instance=prev,
                      prompt_tokens=100)  # fmt: skip
 
 
@@ -357,7 +357,7 @@ def test_the_split_is_planned_on_the_history_spread_not_the_first_forecasts() ->
     trace = [r.spec for r in generate("math", prompts=40, seed=0, iteration=1)]
     ctx = PolicyContext(ClusterShape(num_gpus=16, tp_choices=(1, 2, 4, 8)), history=tuple(history))
     planner = HeddlePlanner.for_context(ctx)
-    events = [StepEvent(s.trajectory_id, s.group_id, 0, s.prompt_tokens, 0,
+    events = [TrajectoryView(s.trajectory_id, s.group_id, 0, s.prompt_tokens, 0,
                         prompt_tokens=s.prompt_tokens) for s in trace]  # fmt: skip
     for e in events:
         planner.forecast.update(e)
@@ -405,23 +405,47 @@ def test_planner_never_chooses_an_instance_too_small_for_a_trajectory() -> None:
     assert sum(plan.tps) == 16
 
 
-def test_a_live_decide_request_carries_everything_the_simulator_shows_a_policy() -> None:
-    from dataclasses import fields
+def test_the_workflow_and_the_simulator_show_a_policy_one_trajectory_view() -> None:
+    """The view grows the same way in both: what the simulator shows a policy at each
+    step is what the workflow's transitions make (and sends through Temporal's
+    converter intact)."""
+    from temporalio.converter import DataConverter
 
-    from heddle.types import DecideRequest
-    from scheduler.service import step_event
+    from heddle.sim import simulate
+    from heddle.types import DecideRequest, StepSpec, TrajectorySpec, TrajectoryView
+    from scheduler.interface import Policy
+    from scheduler.order import FirstComeFirstServed
+    from scheduler.placement import LeastLoaded
+    from scheduler.split import Homogeneous
 
-    request_fields = {f.name for f in fields(DecideRequest)}
-    # A decide request is a step boundary; the tokens of a turn in progress come from the
-    # engine host's review (`SchedulerService.review` sets `step_tokens`).
-    assert {f.name for f in fields(StepEvent)} - {"step_tokens"} <= request_fields
-    request = DecideRequest("t", "g", 2, 900, 700, "libra", 100, 2, "python", "error", 40,
-                            ["python:s:ok", "python:m:error"], [300, 400])  # fmt: skip
-    event = step_event(request, "i3")
-    assert event.tool_path == ("python:s:ok", "python:m:error")
-    assert event.recent_output_tokens == (300, 400)
-    assert (event.last_tool, event.last_tool_status, event.previous_instance) == (
-        "python", "error", "i3")  # fmt: skip
+    spec = TrajectorySpec("t", "g", 300, (
+        StepSpec(120, "python", 1.0, "ok", 40), StepSpec(700, "search", 2.0, "error", 900),
+        StepSpec(50),
+    ))  # fmt: skip
+    shown: list[TrajectoryView] = []
+
+    class Recording(LeastLoaded):
+        def place(self, event, instances, now):  # type: ignore[no-untyped-def]
+            shown.append(event)
+            return super().place(event, instances, now)
+
+    policy = Policy("rec", FirstComeFirstServed(), Recording(), Homogeneous(1))
+    simulate([spec], policy, ClusterShape(num_gpus=1))
+    view, built = TrajectoryView.first(spec), []
+    for step in spec.steps:
+        built.append(view)
+        view = view.after_output(step.output_tokens)
+        if step.tool is not None:
+            view = view.after_tool(step.tool, step.tool_status, step.tool_output_tokens)
+    assert [v.on(None) for v in shown] == built
+    assert built[2].tool_path == ("python:s:ok", "search:m:error")
+    assert built[2].recent_output_tokens == (120, 700)
+    assert built[2].context_tokens == 300 + 120 + 40 + 700 + 900
+    assert built[1].in_progress(30).step_tokens == 30
+    converter = DataConverter.default.payload_converter
+    request = DecideRequest(built[2].on("i3"), "libra", "b1", planned=True)
+    payload = converter.to_payloads([request])
+    assert converter.from_payloads(payload, [DecideRequest]) == [request]
 
 
 def test_priority_buckets_put_urgent_steps_first() -> None:
@@ -663,7 +687,7 @@ def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> 
 
     planner, placement, first = placed()
     planner.forecast.lengths.truth["long"] = spec("long", 800)
-    decode = StepEvent("long", "g", 1, 200, 100, previous_instance=first, prompt_tokens=100,
+    decode = TrajectoryView("long", "g", 1, 200, 100, previous_instance=first, prompt_tokens=100,
                        step_tokens=90)  # fmt: skip
     moves = placement.review([decode], states, 5.0)
     assert moves["long"].reason == "left_pinned"
@@ -675,7 +699,7 @@ def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> 
     seat = placement.place(_event("s5", 0, 0, None), states, 0.0).instance_id
     assert seat not in planner.plan.pinned
     planner.forecast.lengths.truth["s5"] = spec("s5", 60_000)  # its turn runs on: now the longest
-    decode = StepEvent("s5", "g", 1, 2_200, 2_100, previous_instance=seat, prompt_tokens=100,
+    decode = TrajectoryView("s5", "g", 1, 2_200, 2_100, previous_instance=seat, prompt_tokens=100,
                        step_tokens=2_090)  # fmt: skip
     moves = placement.review([decode], states, 5.0)
     assert (moves["s5"].instance_id, moves["s5"].reason) == (first, "entered_pinned")

@@ -10,7 +10,7 @@ import pytest
 from engines.costmodel import CostModel
 from heddle.hardware import ClusterShape
 from heddle.sim.simulator import Simulator
-from heddle.types import Decision, StepSpec, TrajectorySpec
+from heddle.types import Decision, StepSpec, TrajectorySpec, TrajectoryView
 from scheduler.heddle import HeddlePlanner, HeddleVariant
 from scheduler.interface import (
     InstanceSpec,
@@ -18,7 +18,6 @@ from scheduler.interface import (
     Policy,
     PolicyContext,
     Reshape,
-    StepEvent,
 )
 from scheduler.order import FirstComeFirstServed
 from scheduler.placement import LeastLoaded, least_loaded
@@ -97,7 +96,9 @@ class _MergeWhenIdle:
 
 
 class _PreferNew(LeastLoaded):
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         if any(s.instance_id == "m" for s in instances):
             return Decision("m", reason="new")
         if event.trajectory_id == "long":
@@ -137,13 +138,15 @@ class _MoveLongDecodes(LeastLoaded):
     """Test reviewer: any step shown to it moves to the TP-2 instance."""
 
     def __init__(self) -> None:
-        self.shown: list[StepEvent] = []
+        self.shown: list[TrajectoryView] = []
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         return Decision("a" if event.trajectory_id == "long" else "b", reason="fixed")
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         self.shown += events
         return {e.trajectory_id: Decision("c", reason="wider") for e in events
@@ -189,13 +192,15 @@ class _Watch(LeastLoaded):
 
     def __init__(self) -> None:
         self.sim: Simulator | None = None
-        self.shown: list[tuple[StepEvent, bool]] = []
+        self.shown: list[tuple[TrajectoryView, bool]] = []
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         return Decision("a", reason="fixed")
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         assert self.sim is not None
         core = self.sim.instances["a"].core
@@ -231,16 +236,18 @@ class _EmptyA(LeastLoaded):
     def __init__(self, empty: bool, batch: int) -> None:
         self.empty, self.batch = empty, batch
         self.emptying: tuple[str, ...] = ()
-        self.shown: list[StepEvent] = []
+        self.shown: list[TrajectoryView] = []
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         self.batch -= 1
         if self.empty and self.batch == 0:
             self.emptying = ("a",)
         return Decision("a" if event.step_index == 0 else "c", reason="fixed")
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         self.shown += events
         return {e.trajectory_id: Decision("c", reason="emptying") for e in events
@@ -278,12 +285,14 @@ def test_an_instance_being_emptied_shows_and_loses_every_step_at_the_next_review
 
 
 class _NoReview(LeastLoaded):
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         return Decision("a" if event.trajectory_id == "long" else "b", reason="fixed")
 
 
-def _event(tid: str, step: int, generated: int, prev: str | None) -> StepEvent:
-    return StepEvent(tid, "g", step, 100 + generated, generated, previous_instance=prev,
+def _event(tid: str, step: int, generated: int, prev: str | None) -> TrajectoryView:
+    return TrajectoryView(tid, "g", step, 100 + generated, generated, previous_instance=prev,
                      prompt_tokens=100)  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.types import DecideRequest, StepReport
+from heddle.types import DecideRequest, StepReport, TrajectoryView
 from scheduler import registry
 from scheduler.baselines import LeastLoaded
 from scheduler.interface import Policy
@@ -15,14 +15,8 @@ from scheduler.split import Homogeneous
 
 
 def _request(step_index: int, policy: str = "least_loaded") -> DecideRequest:
-    return DecideRequest(
-        trajectory_id="t0",
-        group_id="g0",
-        step_index=step_index,
-        context_tokens=100 + 50 * step_index,
-        generated_tokens=40 * step_index,
-        policy=policy,
-    )
+    view = TrajectoryView("t0", "g0", step_index, 100 + 50 * step_index, 40 * step_index)
+    return DecideRequest(view, policy=policy)
 
 
 class _MoveEachStep(LeastLoaded):

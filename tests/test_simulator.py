@@ -11,9 +11,9 @@ from engines.costmodel import CostModel
 from heddle.hardware import ClusterShape
 from heddle.sim import lower_bound, simulate
 from heddle.sim.simulator import Simulator
-from heddle.types import Decision, StepSpec, TrajectorySpec
+from heddle.types import Decision, StepSpec, TrajectorySpec, TrajectoryView
 from heddle.workloads import generate
-from scheduler.interface import InstanceState, Policy, PolicyContext, StepEvent
+from scheduler.interface import InstanceState, Policy, PolicyContext
 from scheduler.order import FirstComeFirstServed
 from scheduler.placement import LeastLoaded
 from scheduler.registry import create_policy, policy_names
@@ -36,7 +36,7 @@ def test_invariants_hold_for_every_policy(name: str, trace) -> None:  # type: ig
     # Every trace token generated exactly once.
     assert result.generated_tokens == sum(s.generated_tokens for s in trace)
     for spec in trace:
-        assert sim.trajectories[spec.trajectory_id].generated == spec.generated_tokens
+        assert sim.trajectories[spec.trajectory_id].view.generated_tokens == spec.generated_tokens
     # No step starts before its tool returned, and steps of one trajectory never overlap.
     assert sim.step_log is not None
     assert len(sim.step_log) == sum(len(s.steps) for s in trace)
@@ -143,7 +143,9 @@ class _EveryStepMoves(LeastLoaded):
 
     migrate = True
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         ids = sorted(i.instance_id for i in instances)
         prev = event.previous_instance
         target = ids[(ids.index(prev) + 1) % len(ids)] if prev else ids[0]

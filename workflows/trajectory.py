@@ -29,8 +29,8 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryInput,
         TrajectoryStarted,
         TrajectorySummary,
+        TrajectoryView,
     )
-    from scheduler.libra import tool_state
     from workflows import policy
 
 
@@ -44,52 +44,10 @@ LEAN_PATCH = "lean-step"
 MIN_TIMER_S = 0.001
 
 
-@dataclasses.dataclass
-class _Seen:
-    """What the trajectory has seen so far: the scheduler's view of it, grown after each
-    LLM step and each tool result."""
-
-    context: int
-    tool_calls: int = 0
-    last_tool: str | None = None
-    last_tool_status: str | None = None
-    last_tool_output_tokens: int = 0
-    tool_path: list[str] = dataclasses.field(default_factory=list)
-    recent_outputs: list[int] = dataclasses.field(default_factory=list)
-
-    def add_output(self, tokens: int) -> None:
-        self.context += tokens
-        self.recent_outputs = [*self.recent_outputs[-3:], tokens]
-
-    def add_tool(self, tool: str, result: ToolResult) -> None:
-        self.tool_calls += 1
-        self.last_tool, self.last_tool_status = tool, result.status
-        self.last_tool_output_tokens = result.output_tokens
-        self.tool_path = [*self.tool_path, tool_state(tool, result.output_tokens, result.status)]
-        self.context += result.output_tokens
-
-    def request(
-        self, inp: TrajectoryInput, step_index: int, generated: int, instance: str
-    ) -> DecideRequest:
-        spec = inp.spec
-        return DecideRequest(
-            trajectory_id=spec.trajectory_id,
-            group_id=spec.group_id,
-            step_index=step_index,
-            context_tokens=self.context,
-            generated_tokens=generated,
-            policy=inp.options.policy,
-            prompt_tokens=spec.prompt_tokens,
-            num_tool_calls=self.tool_calls,
-            last_tool=self.last_tool,
-            last_tool_status=self.last_tool_status,
-            last_tool_output_tokens=self.last_tool_output_tokens,
-            tool_path=self.tool_path,
-            recent_output_tokens=self.recent_outputs[-4:],
-            batch_id=inp.batch_id,
-            previous_instance=instance,
-            planned=inp.options.plans_split,
-        )
+def _decide_request(inp: TrajectoryInput, view: TrajectoryView, instance: str) -> DecideRequest:
+    """A decide for the trajectory as `view` sees it, its last step on `instance`."""
+    opts = inp.options
+    return DecideRequest(view.on(instance), opts.policy, inp.batch_id, opts.plans_split)
 
 
 def _engine_dead_tokens(exc: ActivityError) -> int | None:
@@ -123,7 +81,7 @@ class TrajectoryWorkflow:
             start_to_close_timeout=policy.STORE_TIMEOUT,
             retry_policy=policy.STORE_RETRY,
         )
-        seen = _Seen(context=spec.prompt_tokens)
+        view = TrajectoryView.first(spec)
         finish_reason = "answer"
         error = ""
         try:
@@ -133,7 +91,7 @@ class TrajectoryWorkflow:
                     break
                 budget = opts.max_tokens - self._generated
                 new_tokens = min(step.output_tokens, budget)
-                request = seen.request(inp, index, self._generated, self._instance)
+                request = _decide_request(inp, view, self._instance)
                 decision = await self._scheduler(opts, names.DECIDE, request, Decision)
                 moves = decision.migrate and self._instance not in ("", decision.instance_id)
                 move_from = self._instance if moves and self._lean else ""
@@ -158,13 +116,12 @@ class TrajectoryWorkflow:
                     inp, index, new_tokens, decision, request, move_from, step.tool is not None
                 )
                 self._generated += generated.output_tokens
-                seen.add_output(generated.output_tokens)
                 record = StepRecord(
                     batch_id=inp.batch_id,
                     trajectory_id=spec.trajectory_id,
                     step_index=index,
                     instance_id=generated.instance_id,
-                    context_tokens=seen.context - generated.output_tokens,
+                    context_tokens=view.context_tokens,
                     output_tokens=generated.output_tokens,
                     cached_tokens=generated.cached_tokens,
                     queued_s=generated.queued_s,
@@ -173,6 +130,7 @@ class TrajectoryWorkflow:
                     attempt=generated.attempt,
                     resumed_tokens=generated.resumed_tokens,
                 )
+                view = view.after_output(generated.output_tokens)
                 if new_tokens < step.output_tokens:
                     finish_reason = "token_limit"
                     await self._record(record)
@@ -196,10 +154,10 @@ class TrajectoryWorkflow:
                         tool_call = self._tool_activity(opts, request_tool)
                         if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
                             # Its re-prediction from this step's output, hidden by the tool.
-                            ahead = seen.request(inp, index + 1, self._generated, self._instance)
+                            ahead = _decide_request(inp, view, self._instance)
                             await self._move_during_tool(opts, ahead)
                         tool = await tool_call
-                    seen.add_tool(step.tool, tool)
+                    view = view.after_tool(step.tool, tool.status, tool.output_tokens)
                     record.tool = step.tool
                     record.tool_status = tool.status
                     record.tool_output_tokens = tool.output_tokens
@@ -220,7 +178,7 @@ class TrajectoryWorkflow:
             reward = await self._reward(
                 opts,
                 RewardRequest(
-                    inp.batch_id, spec.trajectory_id, finish_reason, seen.last_tool_status
+                    inp.batch_id, spec.trajectory_id, finish_reason, view.last_tool_status
                 ),
             )
         summary = TrajectorySummary(
@@ -231,7 +189,7 @@ class TrajectoryWorkflow:
             finish_reason=finish_reason,
             turns=self._turn,
             generated_tokens=self._generated,
-            tool_calls=seen.tool_calls,
+            tool_calls=view.num_tool_calls,
             reward=reward,
             started_at=started_at,
             finished_at=workflow.now().timestamp(),
@@ -301,7 +259,7 @@ class TrajectoryWorkflow:
         it goes on on the new instance from the tokens made (the engine host moves it on
         the lean path; the workflow did before); if the instance's engine dies, the step
         is decided again and goes on elsewhere. The result covers the whole step."""
-        opts, tid, context = inp.options, inp.spec.trajectory_id, request.context_tokens
+        opts, tid, context = inp.options, inp.spec.trajectory_id, request.view.context_tokens
         instance, made, deaths = decision.instance_id, 0, 0
         first: GenerateResult | None = None
         while True:
@@ -347,10 +305,7 @@ class TrajectoryWorkflow:
                 # Its engine died (or the instance it was moving to went away): decided
                 # again, it goes on where the scheduler says.
                 again = dataclasses.replace(
-                    request,
-                    context_tokens=context + made,
-                    generated_tokens=request.generated_tokens + made,
-                    previous_instance=self._instance,
+                    request, view=request.view.in_progress(made).on(self._instance)
                 )
                 decision = await self._scheduler(opts, names.DECIDE, again, Decision)
                 instance = self._instance = decision.instance_id
@@ -387,13 +342,8 @@ class TrajectoryWorkflow:
         keep the step's books (none before it: the workflow kept them)."""
         if not self._lean:
             return {}
-        decided = dataclasses.replace(
-            request,
-            context_tokens=request.context_tokens + made,
-            generated_tokens=request.generated_tokens + made,
-        )
         return {
-            "decided": decided,
+            "decided": dataclasses.replace(request, view=request.view.in_progress(made)),
             "anticipate": decision.anticipate and before_tool,
             "move_from": move_from,
         }

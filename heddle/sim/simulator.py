@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,16 +28,14 @@ from engines.request import EngineRequest
 from heddle.hardware import ClusterShape
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
-from heddle.types import Decision, TrajectorySpec
+from heddle.types import Decision, TrajectorySpec, TrajectoryView
 from scheduler.interface import (
     REVIEW_EVERY_S,
     REVIEW_MIN_TOKENS,
     InstanceSpec,
     InstanceState,
     Policy,
-    StepEvent,
 )
-from scheduler.libra import tool_state
 from scheduler.reshape import GpuLayout
 
 ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE = 0, 1, 2, 3, 4, 5
@@ -59,14 +56,11 @@ class Occupancy:
 
 @dataclass
 class _Trajectory:
+    """A trajectory in the simulation: what the policy sees of it (`view`, the same record
+    the live workflow keeps), and the simulator's own clocks."""
+
     spec: TrajectorySpec
-    step_index: int = 0
-    context_tokens: int = 0
-    generated: int = 0
-    tool_calls: int = 0
-    tool_path: list[str] = field(default_factory=list)
-    recent: deque[int] = field(default_factory=lambda: deque(maxlen=4))
-    last_instance: str | None = None
+    view: TrajectoryView
     last_tool_latency_s: float = 0.0
     finished_at: float = -1.0
     queued_s: float = 0.0
@@ -124,7 +118,7 @@ class Simulator:
         self.cluster = cluster
         num_gpus = cluster.num_gpus
         self.num_gpus = num_gpus
-        self.trajectories = {s.trajectory_id: _Trajectory(s, context_tokens=s.prompt_tokens)
+        self.trajectories = {s.trajectory_id: _Trajectory(s, TrajectoryView.first(s))
                              for s in trace}  # fmt: skip
         if len(self.trajectories) != len(trace):
             raise ValueError("trajectory ids repeat in the trace")
@@ -238,25 +232,9 @@ class Simulator:
         for inst in instances:
             self._state_list[self._state_pos[inst.spec.instance_id]] = self._state(inst)
 
-    def _event(self, traj: _Trajectory, made: int = 0) -> StepEvent:
+    def _event(self, traj: _Trajectory, made: int = 0) -> TrajectoryView:
         """What the policy sees of a trajectory; `made`: tokens of a step in progress."""
-        step = traj.spec.steps[traj.step_index - 1] if traj.step_index else None
-        return StepEvent(
-            trajectory_id=traj.spec.trajectory_id,
-            group_id=traj.spec.group_id,
-            step_index=traj.step_index,
-            context_tokens=traj.context_tokens + made,
-            generated_tokens=traj.generated + made,
-            previous_instance=traj.last_instance,
-            prompt_tokens=traj.spec.prompt_tokens,
-            num_tool_calls=traj.tool_calls,
-            last_tool=step.tool if step else None,
-            last_tool_status=step.tool_status if step else None,
-            last_tool_output_tokens=step.tool_output_tokens if step else 0,
-            tool_path=tuple(traj.tool_path),
-            recent_output_tokens=tuple(traj.recent),
-            step_tokens=made,
-        )
+        return traj.view.in_progress(made) if made else traj.view
 
     def _arrive(self, tid: str) -> None:
         traj = self.trajectories[tid]
@@ -269,7 +247,7 @@ class Simulator:
         target = self.instances[decision.instance_id]
         target.in_flight += 1
         self._refresh(target)
-        prev = traj.last_instance
+        prev = traj.view.previous_instance
         if decision.migrate and prev is not None and prev != decision.instance_id:
             tokens = self.instances[prev].core.drop_prefix(tid)
             move = self._move(prev, decision.instance_id, tokens)
@@ -300,22 +278,24 @@ class Simulator:
         traj = self.trajectories[tid]
         inst = self.instances[decision.instance_id]
         left: _Instance | None = None
-        if traj.last_instance != decision.instance_id:
-            if traj.last_instance is not None:
-                left = self.instances[traj.last_instance]
+        last = traj.view.previous_instance
+        if last != decision.instance_id:
+            if last is not None:
+                left = self.instances[last]
                 left.sessions -= 1
                 self._refresh(left)
             inst.sessions += 1
-        traj.last_instance = decision.instance_id
+            traj.view = traj.view.on(decision.instance_id)
         self._materialise(inst)
         if migrated_tokens:
             inst.core.put_prefix(tid, migrated_tokens)
-        step = traj.spec.steps[traj.step_index]
+        index = traj.view.step_index
+        step = traj.spec.steps[index]
         inst.core.add_request(
             EngineRequest(
-                request_id=f"{tid}#{traj.step_index}",
+                request_id=f"{tid}#{index}",
                 prefix_key=tid,
-                context_tokens=traj.context_tokens + traj.step_offset,
+                context_tokens=traj.view.context_tokens + traj.step_offset,
                 max_new_tokens=step.output_tokens - traj.step_offset,
                 priority=decision.priority,
             )
@@ -398,26 +378,20 @@ class Simulator:
                  inst.spec.instance_id)
             )  # fmt: skip
         traj.step_offset = 0
-        traj.generated += step.output_tokens
-        traj.context_tokens += step.output_tokens
-        traj.recent.append(step.output_tokens)
+        traj.view = traj.view.after_output(step.output_tokens)
         self.token_events.append((self.now, step.output_tokens))
-        event = self._event(traj)
-        self.policy.on_step_done(event, inst.spec.instance_id, step.output_tokens)
-        traj.step_index += 1
+        self.policy.on_step_done(traj.view, inst.spec.instance_id, step.output_tokens)
         if step.tool is None:
             traj.finished_at = self.now
             self._unfinished -= 1
             inst.sessions -= 1
             self._refresh(inst)
             self.policy.on_trajectory_done(
-                tid, traj.spec.group_id, traj.generated, len(traj.spec.steps)
+                tid, traj.spec.group_id, traj.view.generated_tokens, len(traj.spec.steps)
             )
             self._reshape()
             return
-        traj.tool_calls += 1
-        traj.context_tokens += step.tool_output_tokens
-        traj.tool_path.append(tool_state(step.tool, step.tool_output_tokens, step.tool_status))
+        traj.view = traj.view.after_tool(step.tool, step.tool_status, step.tool_output_tokens)
         traj.last_tool_latency_s = step.tool_latency_s
         traj.ready_at = self.now + step.tool_latency_s
         self._push(traj.ready_at, ARRIVE, tid)
@@ -530,7 +504,7 @@ class Simulator:
         return SimResult(
             policy=self.policy.name,
             makespan_s=makespan,
-            generated_tokens=sum(t.generated for t in trajs),
+            generated_tokens=sum(t.view.generated_tokens for t in trajs),
             trajectories=len(trajs),
             completion_s={
                 name: percentile(finish, q)

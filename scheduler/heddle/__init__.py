@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from heddle.types import TrajectoryView
 from scheduler.heddle.bookings import Bookings
 from scheduler.heddle.forecast import Forecast, LearnedLengths, Lengths, TrueLengths
 from scheduler.heddle.placement import HeddlePlacement, LongestPredictedFirst
@@ -32,7 +33,6 @@ from scheduler.interface import (
     Policy,
     PolicyContext,
     Reshape,
-    StepEvent,
 )
 from scheduler.order import FirstComeFirstServed
 from scheduler.predictor import RemainingPredictor
@@ -107,7 +107,7 @@ class HeddlePlanner:
         )
         return cls(forecast, bookings, plan, reshaping, plan_tp=variant.plan_tp)
 
-    def on_batch_start(self, events: Sequence[StepEvent]) -> None:
+    def on_batch_start(self, events: Sequence[TrajectoryView]) -> None:
         for e in events:
             self.forecast.update(e)
         self.reshaping.layout = self.plan.plan_batch(events, self.forecast, self.plan_tp)

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from heddle.types import TrajectorySpec
-from scheduler.interface import StepEvent
+from heddle.types import TrajectorySpec, TrajectoryView
 from scheduler.predictor import RemainingPredictor
 
 
@@ -20,7 +19,7 @@ class Lengths(Protocol):
     # True when the lengths are the batch's own (the oracle ablation).
     exact: bool
 
-    def predict(self, event: StepEvent) -> float: ...
+    def predict(self, event: TrajectoryView) -> float: ...
 
     def finished(self, group_id: str, generated_tokens: int) -> None: ...
 
@@ -32,7 +31,7 @@ class TrueLengths:
     truth: dict[str, TrajectorySpec]
     exact: bool = True
 
-    def predict(self, event: StepEvent) -> float:
+    def predict(self, event: TrajectoryView) -> float:
         spec = self.truth[event.trajectory_id]
         return float(max(1, spec.generated_tokens - event.generated_tokens))
 
@@ -48,7 +47,7 @@ class LearnedLengths:
     predictor: RemainingPredictor
     exact: bool = False
 
-    def predict(self, event: StepEvent) -> float:
+    def predict(self, event: TrajectoryView) -> float:
         return self.predictor.predict(event)
 
     def finished(self, group_id: str, generated_tokens: int) -> None:
@@ -82,7 +81,7 @@ class Forecast:
     def __contains__(self, trajectory_id: object) -> bool:
         return trajectory_id in self._key
 
-    def update(self, event: StepEvent) -> float:
+    def update(self, event: TrajectoryView) -> float:
         """Re-predict a trajectory; its rank key is its predicted total length (made so
         far plus predicted remaining), so progress alone does not move it."""
         tid = event.trajectory_id

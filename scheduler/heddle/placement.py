@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from heddle.types import Decision
+from heddle.types import Decision, TrajectoryView
 from scheduler.heddle.bookings import Bookings
 from scheduler.heddle.forecast import Forecast
 from scheduler.heddle.plan import BatchPlan
 from scheduler.heddle.reshaping import Reshaping
 from scheduler.heddle.speeds import InstanceSpeeds, draining
-from scheduler.interface import InstanceState, StepEvent
+from scheduler.interface import InstanceState
 from scheduler.placement import least_loaded
 
 # Below this many predicted remaining tokens a move does not pay for itself.
@@ -29,7 +29,7 @@ class LongestPredictedFirst:
     forecast: Forecast
     queue: str = "priority"
 
-    def priority(self, event: StepEvent, now: float) -> int:
+    def priority(self, event: TrajectoryView, now: float) -> int:
         return -int(self.forecast.remaining.get(event.trajectory_id, 0.0))
 
 
@@ -51,7 +51,9 @@ class HeddlePlacement:
         """The block being emptied to merge (`Reshaping._start_vacating`)."""
         return self.reshaping.vacating
 
-    def place(self, event: StepEvent, instances: Sequence[InstanceState], now: float) -> Decision:
+    def place(
+        self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
+    ) -> Decision:
         self.reshaping.decoding.pop(event.trajectory_id, None)
         remaining = self.forecast.update(event)
         decision = self._decide(event, instances, remaining)
@@ -69,7 +71,11 @@ class HeddlePlacement:
         return self.plan.target(self.forecast.rank(tid), len(self.forecast))
 
     def _least_work_of_width(
-        self, target: str, instances: Sequence[InstanceState], event: StepEvent, remaining: float
+        self,
+        target: str,
+        instances: Sequence[InstanceState],
+        event: TrajectoryView,
+        remaining: float,
     ) -> str:
         """Instances of one width are interchangeable: the rank names the width, the
         predicted work already booked picks the instance (pull-style balance, as per-step
@@ -96,7 +102,7 @@ class HeddlePlacement:
         return best
 
     def _decide(
-        self, event: StepEvent, instances: Sequence[InstanceState], remaining: float
+        self, event: TrajectoryView, instances: Sequence[InstanceState], remaining: float
     ) -> Decision:
         plan, vacating = self.plan, self.reshaping.vacating
         prev = event.previous_instance
@@ -134,7 +140,7 @@ class HeddlePlacement:
         return Decision(target, reason="left_pinned" if leaving_pin else "rank_moved", migrate=True)
 
     def review(
-        self, events: Sequence[StepEvent], instances: Sequence[InstanceState], now: float
+        self, events: Sequence[TrajectoryView], instances: Sequence[InstanceState], now: float
     ) -> dict[str, Decision]:
         """Beyond the paper: a decode that outlives its prediction climbs the ranking
         (its predicted total is at least what it has made); when its rank names a wider
@@ -193,7 +199,7 @@ class HeddlePlacement:
 
     def _drain_moves(
         self,
-        events: Sequence[StepEvent],
+        events: Sequence[TrajectoryView],
         instances: Sequence[InstanceState],
         decided: dict[str, Decision],
     ) -> dict[str, Decision]:
@@ -227,7 +233,7 @@ class HeddlePlacement:
             speeds.move(src, best, context)
         return moves
 
-    def on_step_done(self, event: StepEvent, instance_id: str, output_tokens: int) -> None:
+    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         return None
 
     def on_trajectory_done(

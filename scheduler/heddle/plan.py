@@ -14,10 +14,9 @@ import numpy as np
 
 from engines.trajectory_costs import allowed_costs, longest_alone_s, memory_reads_s
 from heddle.hardware import ClusterShape
-from heddle.types import TrajectorySpec
+from heddle.types import TrajectorySpec, TrajectoryView
 from scheduler.heddle.forecast import Forecast
 from scheduler.heddle.shapes import InstanceShapes
-from scheduler.interface import StepEvent
 from scheduler.placement_dp import KV_SHARE_CAP, InstanceModel, solve, solve_leading
 from scheduler.reshape import GpuLayout
 
@@ -56,7 +55,7 @@ class BatchPlan:
     replan_below: float = 0.0
 
     def plan_batch(
-        self, events: Sequence[StepEvent], forecast: Forecast, plan_tp: bool
+        self, events: Sequence[TrajectoryView], forecast: Forecast, plan_tp: bool
     ) -> GpuLayout:
         """The split and groups before the first step, on the batch's first forecasts;
         returns where the instances lie on the GPUs."""
@@ -85,7 +84,7 @@ class BatchPlan:
 
     def split_forecast(
         self,
-        events: Sequence[StepEvent],
+        events: Sequence[TrajectoryView],
         lengths: list[float],
         contexts: list[float],
         forecast: Forecast,
