@@ -21,18 +21,17 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from live_scale import live_stack, tiny_trace  # this folder's sibling script
+
 from heddle import activity_names as names
 from heddle.bench import run_bench
-from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
-from heddle.runtime.stack import EmbeddedStack, free_port
 from heddle.stats import percentile
 from heddle.trace import TraceRecord
-from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
+from heddle.types import RolloutOptions
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT
 
@@ -48,34 +47,17 @@ async def live_run(
 ) -> tuple[Any, list[Any]]:
     """One rollout on a fresh embedded stack; its report and the trajectories' histories.
     A policy that learns first sees `history` rolled out on the same stack."""
-    with tempfile.TemporaryDirectory(prefix="heddle-fidelity-") as state:
-        stack = EmbeddedStack(
-            state_dir=Path(state),
-            cluster=cluster,
-            time_scale=time_scale,
-            headless=True,
-            port=free_port(),
-            num_workers=workers,
-            persist=persist,
-        )
-        await stack.start()
-        try:
-            client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
-            async with client:
-                if history:
-                    await (await client.start_rollout(records=history)).report()
-                handle = await client.start_rollout(
-                    records=records, options=RolloutOptions(policy=policy)
-                )
-                report = await handle.report()
-                histories = [
-                    await client.temporal.get_workflow_handle(
-                        f"{handle.batch_id}/{r.spec.trajectory_id}"
-                    ).fetch_history()
-                    for r in records
-                ]
-        finally:
-            stack.stop()
+    async with live_stack(cluster, time_scale, workers=workers, persist=persist) as (_, client):
+        if history:
+            await (await client.start_rollout(records=history)).report()
+        handle = await client.start_rollout(records=records, options=RolloutOptions(policy=policy))
+        report = await handle.report()
+        histories = [
+            await client.temporal.get_workflow_handle(
+                f"{handle.batch_id}/{r.spec.trajectory_id}"
+            ).fetch_history()
+            for r in records
+        ]
     return report, histories
 
 
@@ -101,11 +83,6 @@ def step_overheads(histories: list[Any]) -> dict[str, float]:
         "schedule_to_start_ms_p50": percentile(sorted(to_start), 50),
         "schedule_to_start_ms_p99": percentile(sorted(to_start), 99),
     }
-
-
-def tiny_trace(n: int, turns: int) -> list[TraceRecord]:
-    steps = (*(StepSpec(1, "python", 0.0, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
-    return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k}", 10, steps, "coding")) for k in range(n)]
 
 
 async def main() -> None:
@@ -144,7 +121,7 @@ async def main() -> None:
         print(f"{policy}: {json.dumps(row)}", flush=True)
     for workers in [w for w in args.workers or [1, 2] if w > 0]:
         for persist in (True, False):
-            tiny = tiny_trace(100, 10)
+            tiny = tiny_trace(100, 10, tool_latency_s=0.0)
             report, _ = await live_run(
                 tiny, cluster, "least_loaded", 1e-4, workers=workers, persist=persist
             )

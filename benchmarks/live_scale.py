@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,31 @@ class LiveRun:
     cpu_per_step_ms: dict[str, float]
 
 
+@contextlib.asynccontextmanager
+async def live_stack(
+    cluster: ClusterConfig, time_scale: float, *, workers: int = 1, persist: bool = True
+) -> AsyncIterator[tuple[EmbeddedStack, HeddleClient]]:
+    """A fresh embedded stack (headless, on a free port, in a temporary folder) and a
+    client of it, for one measured run."""
+    with tempfile.TemporaryDirectory(prefix="heddle-live-") as state:
+        stack = EmbeddedStack(
+            state_dir=Path(state),
+            cluster=cluster,
+            time_scale=time_scale,
+            headless=True,
+            port=free_port(),
+            num_workers=workers,
+            persist=persist,
+        )
+        await stack.start()
+        try:
+            client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
+            async with client:
+                yield stack, client
+        finally:
+            stack.stop()
+
+
 async def live_run(
     records: list[TraceRecord],
     policy: str,
@@ -74,41 +101,26 @@ async def live_run(
     history: list[TraceRecord] | None = None,
 ) -> LiveRun:
     """One rollout on a fresh embedded stack (after `history`, when given)."""
-    with tempfile.TemporaryDirectory(prefix="heddle-live-scale-") as state:
-        stack = EmbeddedStack(
-            state_dir=Path(state),
-            cluster=cluster,
-            time_scale=time_scale,
-            headless=True,
-            port=free_port(),
-        )
-        begun = time.monotonic()
-        await stack.start()
-        try:
-            client = await HeddleClient.connect(stack.address, store_url=stack.store_url)
-            async with client:
-                if history:
-                    # Planning reads the earlier batch's specs from the store: it is
-                    # stored as a batch the way a rollout stores it, not rolled out.
-                    await asyncio.to_thread(
-                        lambda: client.store.create_batch(
-                            batch_id="history", records=history, options=RolloutOptions(),
-                            source="history", created_at=time.time() - 1,
-                        )
-                    )  # fmt: skip
-                assert stack.server is not None
-                pids = {"server": stack.server.pid, "worker+engine host": stack.workers[0].pid}
-                before = {name: cpu_s(pid) for name, pid in pids.items()}
-                handle = await client.start_rollout(
-                    records=records, options=RolloutOptions(policy=policy)
+    begun = time.monotonic()
+    async with live_stack(cluster, time_scale) as (stack, client):
+        if history:
+            # Planning reads the earlier batch's specs from the store: it is
+            # stored as a batch the way a rollout stores it, not rolled out.
+            await asyncio.to_thread(
+                lambda: client.store.create_batch(
+                    batch_id="history", records=history, options=RolloutOptions(),
+                    source="history", created_at=time.time() - 1,
                 )
-                report = await handle.report()
-                with_stack_s = time.monotonic() - begun
-                after = {name: cpu_s(pid) for name, pid in pids.items()}
-                rows = await client.list_trajectories(handle.batch_id, limit=len(records))
-                steps = await asyncio.to_thread(client.store.count_steps, handle.batch_id)
-        finally:
-            stack.stop()
+            )  # fmt: skip
+        assert stack.server is not None
+        pids = {"server": stack.server.pid, "worker+engine host": stack.workers[0].pid}
+        before = {name: cpu_s(pid) for name, pid in pids.items()}
+        handle = await client.start_rollout(records=records, options=RolloutOptions(policy=policy))
+        report = await handle.report()
+        with_stack_s = time.monotonic() - begun
+        after = {name: cpu_s(pid) for name, pid in pids.items()}
+        rows = await client.list_trajectories(handle.batch_id, limit=len(records))
+        steps = await asyncio.to_thread(client.store.count_steps, handle.batch_id)
     last_start = max(r["started_at"] or report.started_at for r in rows)
     return LiveRun(
         report=report,
@@ -119,10 +131,11 @@ async def live_run(
     )
 
 
-def tiny_trace(n: int, turns: int = 2) -> list[TraceRecord]:
+def tiny_trace(n: int, turns: int = 2, tool_latency_s: float = 1e-3) -> list[TraceRecord]:
     """Trajectories of one-token steps and tools of a millisecond: the orchestration
     alone (a replayed tool of any latency is a timer or an activity, as a real one)."""
-    steps = (*(StepSpec(1, "python", 1e-3, "ok", 1) for _ in range(turns - 1)), StepSpec(1))
+    tool = StepSpec(1, "python", tool_latency_s, "ok", 1)
+    steps = (*(tool for _ in range(turns - 1)), StepSpec(1))
     return [TraceRecord(TrajectorySpec(f"t{k}", f"g{k}", 10, steps, "coding")) for k in range(n)]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from heddle.config import ClusterConfig
@@ -51,63 +50,3 @@ def run_bench(
     for policy in built:
         bench.results[policy.name] = simulate(trace, policy, shape)
     return bench
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
-    """Completion-time CDF per policy, per-instance Gantt per policy, throughput over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in bench.results.items():
-        times = sorted(r.completion_times)
-        n = len(times)
-        ax.step(times, [(i + 1) / n for i in range(n)], where="post", label=name)
-    ax.axvline(bench.lower_bound["lower_bound_s"], color="grey", ls="--", label="lower bound")
-    ax.set_xlabel("completion time (s)")
-    ax.set_ylabel("fraction of trajectories")
-    ax.set_title("Trajectory completion time CDF")
-    ax.legend(fontsize=8)
-    paths.append(_save(fig, out_dir / "completion_cdf.png"))
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in bench.results.items():
-        if not r.token_events or r.makespan_s <= 0:
-            continue
-        bins = 60
-        width = r.makespan_s / bins
-        counts = [0.0] * bins
-        for t, tokens in r.token_events:
-            counts[min(int(t / width), bins - 1)] += tokens
-        ax.plot([(i + 0.5) * width for i in range(bins)], [c / width for c in counts], label=name)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("generated tokens / s")
-    ax.set_title("Rollout throughput over time")
-    ax.legend(fontsize=8)
-    paths.append(_save(fig, out_dir / "throughput.png"))
-
-    for name, r in bench.results.items():
-        ids = sorted({iid for iid, _, _ in r.busy_intervals}, key=lambda s: (len(s), s))
-        row = {iid: k for k, iid in enumerate(ids)}
-        fig, ax = plt.subplots(figsize=(8, max(2.5, 0.12 * len(ids) + 1)))
-        for iid, a, b in r.busy_intervals:
-            ax.broken_barh([(a, b - a)], (row[iid] - 0.4, 0.8), color="tab:blue")
-        ax.set_yticks(range(len(ids)), ids, fontsize=5)
-        ax.set_xlabel("time (s)")
-        ax.set_title(f"{name}: instance busy time (makespan {r.makespan_s:.0f} s)")
-        paths.append(_save(fig, out_dir / f"gantt_{name}.png"))
-    return paths

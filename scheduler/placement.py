@@ -20,7 +20,9 @@ def least_loaded(instances: Sequence[InstanceState], prefer: str | None = None) 
     return min(instances, key=lambda s: (s.num_in_flight, s.instance_id != prefer))
 
 
-class _NoHooks:
+class NoHooks:
+    """A placement that keeps no per-trajectory state: nothing to learn from the hooks."""
+
     def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         return None
 
@@ -31,7 +33,7 @@ class _NoHooks:
 
 
 @dataclass
-class LeastLoaded(_NoHooks):
+class LeastLoaded(NoHooks):
     """Per-step least-loaded routing (the walking skeleton's placeholder); ties go to
     the trajectory's previous instance."""
 
@@ -44,7 +46,7 @@ class LeastLoaded(_NoHooks):
 
 
 @dataclass
-class StickySessions(_NoHooks):
+class StickySessions(NoHooks):
     """verl's agent-loop load balancer: a sticky request-id -> server map (LRU) and,
     for a new session, the server with the fewest in-flight requests
     (verl `AsyncLLMServerManager`, REFERENCES.md "verl")."""
@@ -91,7 +93,7 @@ class SkewSwitch(StickySessions):
 
 
 @dataclass
-class CacheAware(_NoHooks):
+class CacheAware(NoHooks):
     """slime through the SGLang router's `cache_aware` policy: shortest queue when
     `max - min > abs_threshold` and `max > rel_threshold * min`; otherwise the longest
     prefix match, i.e. the instance holding the trajectory's context, or for a first step
@@ -120,7 +122,7 @@ class CacheAware(_NoHooks):
 
 
 @dataclass
-class StickyLeastSessions(_NoHooks):
+class StickyLeastSessions(NoHooks):
     """SkyRL / vllm-router session affinity: a new session goes to the instance with the
     fewest active sessions and stays there (REFERENCES.md "sticky_least_loaded")."""
 

@@ -12,7 +12,17 @@ PACKAGES = ("heddle", "engines", "scheduler", "workflows", "activities")
 
 # Bottom to top; a module belongs to the first layer with a prefix it starts with.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("face", ("heddle.client", "heddle.cli", "heddle.bench", "heddle.sim", "heddle.tracestats")),
+    (
+        "face",
+        (
+            "heddle.client",
+            "heddle.cli",
+            "heddle.report",
+            "heddle.bench",
+            "heddle.sim",
+            "heddle.tracestats",
+        ),
+    ),
     ("runtime", ("heddle.runtime",)),
     ("workflows and activities", ("workflows", "activities")),
     ("scheduler", ("scheduler",)),

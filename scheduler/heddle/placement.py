@@ -14,7 +14,7 @@ from scheduler.heddle.plan import BatchPlan
 from scheduler.heddle.reshaping import Reshaping
 from scheduler.heddle.speeds import InstanceSpeeds, draining
 from scheduler.interface import InstanceState
-from scheduler.placement import least_loaded
+from scheduler.placement import NoHooks, least_loaded
 
 # Below this many predicted remaining tokens a move does not pay for itself.
 MIN_MIGRATE_TOKENS = 512
@@ -34,10 +34,11 @@ class LongestPredictedFirst:
 
 
 @dataclass
-class HeddlePlacement:
+class HeddlePlacement(NoHooks):
     """Where each step runs: its rank names an instance (the DP's groups), the booked
     work picks among instances of one width, and a trajectory moves during its tool call
-    (or mid-decode, at a review) when its rank names another."""
+    (or mid-decode, at a review) when its rank names another. What it books the planner
+    forgets when a trajectory ends (`HeddlePlanner.on_trajectory_done`)."""
 
     forecast: Forecast
     bookings: Bookings
@@ -232,12 +233,3 @@ class HeddlePlacement:
             self._book(tid, best)
             speeds.move(src, best, context)
         return moves
-
-    def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
-        return None
-
-    def on_trajectory_done(
-        self, trajectory_id: str, group_id: str, generated_tokens: int, num_turns: int
-    ) -> None:
-        """The planner forgets it (`HeddlePlanner.on_trajectory_done`)."""
-        return None

@@ -1,0 +1,73 @@
+"""What every command shares: the consoles, the one `error:` line a user's mistake gets,
+the options several commands take, and how a cluster and a store are found."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from heddle.config import ClusterConfig, EngineConfig, load_cluster
+from heddle.errors import InputError
+
+console = Console()
+err = Console(stderr=True)
+
+StateDir = Annotated[Path, typer.Option(help="Where the embedded stack keeps its state.")]
+Address = Annotated[str | None, typer.Option(help="HOST:PORT of a running Temporal server.")]
+StoreOpt = Annotated[
+    str | None, typer.Option("--store", help="Trajectory store URL (default: STATE_DIR/store.db).")
+]
+ClusterOpt = Annotated[Path | None, typer.Option(help="Cluster YAML (model, gpu, num_gpus, ...).")]
+EngineOpt = Annotated[
+    str | None,
+    typer.Option("--engine", help="simulated or vllm (overrides the cluster file's engine.kind)."),
+]
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option("--model", help="Model folder for vLLM engines (heddle model tiny --out DIR)."),
+]
+
+# Two vLLM instances with batches a CPU runs (examples/cluster-cpu.yaml says the same).
+CPU_CLUSTER = ClusterConfig(num_gpus=2, max_num_seqs=32, max_num_batched_tokens=4096)
+
+
+def fail(message: str) -> typer.Exit:
+    """A user's mistake: one `error:` line and exit status 2 (raise what this returns)."""
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=2)
+
+
+def cluster_config(
+    path: Path | None, engine: str | None = None, model: Path | None = None
+) -> ClusterConfig:
+    """The cluster file (or the default), with the engine the command line names. vLLM
+    engines without a cluster file: two instances (`CPU_CLUSTER`), what a CPU holds."""
+    if path is not None:
+        cfg = load_cluster(path)
+    else:
+        cfg = CPU_CLUSTER if engine == "vllm" else ClusterConfig()
+    if engine is None and model is None:
+        return cfg
+    update = cfg.engine.model_dump()
+    if engine is not None:
+        update["kind"] = engine
+    if model is not None:
+        update["model_path"] = str(model.resolve())
+    try:
+        return cfg.model_copy(update={"engine": EngineConfig.model_validate(update)})
+    except ValidationError as exc:
+        msg = str(exc.errors()[0].get("msg", "is invalid")).removeprefix("Value error, ")
+        raise InputError("--engine/--model", None, None, msg) from None
+
+
+def store_url(store: str | None, state_dir: Path) -> str:
+    return (
+        store
+        or os.environ.get("HEDDLE_STORE_URL")
+        or f"sqlite:///{(state_dir / 'store.db').resolve()}"
+    )

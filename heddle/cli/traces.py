@@ -1,0 +1,70 @@
+"""`heddle trace gen|stats|validate`: make and check trace files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from heddle.cli.common import console, fail
+from heddle.errors import InputError
+
+app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
+
+
+@app.command("gen")
+def trace_gen(
+    workload: Annotated[str, typer.Option(help="coding, search or math")],
+    prompts: int = 4,
+    samples: int = 16,
+    seed: int = 0,
+    iteration: int = 0,
+    out: Annotated[Path, typer.Option(help="Trace file to write.")] = Path("trace.jsonl"),
+    token_scale: Annotated[
+        float, typer.Option(help="Multiply every token count (a tiny model on CPU: 0.02).")
+    ] = 1.0,
+) -> None:
+    """Write a synthetic trace of PROMPTS GRPO groups of SAMPLES trajectories."""
+    from heddle.trace import dump_record
+    from heddle.workloads import generate, scale_tokens
+
+    try:
+        records = generate(
+            workload, prompts=prompts, samples=samples, seed=seed, iteration=iteration
+        )
+        if token_scale != 1.0:
+            records = scale_tokens(records, token_scale)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    with out.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(dump_record(r), separators=(",", ":")) + "\n")
+    tokens = sum(r.spec.generated_tokens for r in records)
+    console.print(f"wrote {len(records)} trajectories, {tokens:,} tokens to generate, to {out}")
+
+
+def _load_or_fail(path: Path) -> list[Any]:
+    from heddle.trace import load_trace
+
+    try:
+        return load_trace(path)
+    except InputError as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command("stats")
+def trace_stats_cmd(path: Path) -> None:
+    """Token, turn, group-variance and tool statistics of a trace, as JSON."""
+    from heddle.tracestats import trace_stats
+
+    records = _load_or_fail(path)
+    console.print_json(json.dumps(trace_stats([r.spec for r in records])))
+
+
+@app.command("validate")
+def trace_validate(path: Path) -> None:
+    """Check a trace; print the first error with its file, line and field."""
+    records = _load_or_fail(path)
+    console.print(f"{path}: {len(records)} trajectories, valid")
