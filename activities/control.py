@@ -29,7 +29,6 @@ from workflows.control import ClusterControlWorkflow
 # Specs a batch plan reads at once from the store (a batch is at most this large), and
 # the batches it looks back over for the one before it.
 MAX_BATCH = 1_000_000
-MAX_BATCHES = 1_000
 
 # How often every worker reads the cluster plan (the engine host's reconcile loop).
 RECONCILE_EVERY_S = 0.5
@@ -57,9 +56,8 @@ async def plan_from_store(
 ) -> list[InstancePlan]:
     """Plan a batch in `service` from its specs and the batch created just before it."""
     specs = await asyncio.to_thread(store.load_specs, batch_id, 0, MAX_BATCH)
-    batches = [b["batch_id"] for b in await asyncio.to_thread(store.list_batches, MAX_BATCHES)]
-    before = batches[batches.index(batch_id) + 1 :] if batch_id in batches else batches
-    history = await asyncio.to_thread(store.load_specs, before[0], 0, MAX_BATCH) if before else []
+    before = await asyncio.to_thread(store.batch_before, batch_id)
+    history = await asyncio.to_thread(store.load_specs, before, 0, MAX_BATCH) if before else []
     return await asyncio.to_thread(service.plan_batch, policy, batch_id, specs, history)
 
 

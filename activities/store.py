@@ -49,7 +49,7 @@ class StoreActivities:
     @activity.defn(name=names.LOAD_SPECS)
     async def load_specs(self, request: SpecPageRequest) -> SpecPage:
         specs = await asyncio.to_thread(
-            self.store.load_specs, request.batch_id, request.offset, request.limit
+            self.store.load_specs, request.batch_id, request.offset, request.limit, request.stride
         )
         return SpecPage(specs=specs)
 

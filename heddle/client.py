@@ -26,12 +26,15 @@ from heddle.trace import TraceRecord, load_trace
 from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
+from scheduler.start_order import longest_expected_first
 from workflows.batch import RolloutBatchWorkflow
 from workflows.control import ClusterControlWorkflow
 
 log = logging.getLogger(__name__)
 
 TOOL_MODES = ("replay", "real")
+# The most trajectories of the earlier batch read to order a batch's starts.
+MAX_HISTORY = 1_000_000
 
 
 def new_batch_id() -> str:
@@ -140,6 +143,7 @@ class HeddleClient:
                 "roll one out first (with any policy)"
             )
         batch_id = batch_id or new_batch_id()
+        batch = await asyncio.to_thread(self._in_start_order, batch)
         await asyncio.to_thread(
             lambda: self.store.create_batch(
                 batch_id=batch_id,
@@ -157,6 +161,14 @@ class HeddleClient:
             static_summary=f"rollout of {len(batch)} trajectories ({options.policy})",
         )
         return RolloutHandle(batch_id=batch_id, workflow=handle, store=self.store)
+
+    def _in_start_order(self, records: list[TraceRecord]) -> list[TraceRecord]:
+        """The batch as it will be stored and started: longest expected first, by the
+        latest batch in the store (`scheduler.start_order`)."""
+        before = self.store.batch_before()
+        history = self.store.load_specs(before, 0, MAX_HISTORY) if before else []
+        order = longest_expected_first([r.spec for r in records], history)
+        return [records[i] for i in order]
 
     def get_rollout(self, batch_id: str) -> RolloutHandle:
         return RolloutHandle(

@@ -77,7 +77,8 @@ class BatchInput:
 
 @dataclass
 class SliceInput:
-    """A slice of a large batch: its trajectories `offset .. offset + count - 1`."""
+    """A slice of a large batch: its `count` trajectories at positions `offset`,
+    `offset + stride`, ... (slices started before strides: `offset .. offset + count - 1`)."""
 
     batch_id: str
     offset: int
@@ -86,6 +87,7 @@ class SliceInput:
     page_size: int = 256
     started_at: float = 0.0  # the batch's start: completion times count from it
     window: int = 4096  # trajectories of the slice running at once
+    stride: int = 1
 
 
 @dataclass
@@ -374,6 +376,7 @@ class SpecPageRequest:
     batch_id: str
     offset: int
     limit: int
+    stride: int = 1  # positions offset, offset + stride, ... (a strided slice)
 
 
 @dataclass

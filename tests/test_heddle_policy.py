@@ -704,3 +704,22 @@ def test_a_trajectory_whose_rank_leaves_a_pinned_instance_makes_room_there() -> 
     moves = placement.review([decode], states, 5.0)
     assert (moves["s5"].instance_id, moves["s5"].reason) == (first, "entered_pinned")
     assert moves["s5"].migrate
+
+
+def test_a_batch_starts_longest_expected_first_by_the_earlier_iteration() -> None:
+    """The start order ranks a prompt by its trajectories' mean length in the history;
+    a prompt the history lacks ranks at the history's mean; ties keep the given order;
+    without a history the order is the given one."""
+    from heddle.types import StepSpec, TrajectorySpec
+    from scheduler.start_order import longest_expected_first
+
+    def spec(tid: str, group: str, tokens: int = 10) -> TrajectorySpec:
+        return TrajectorySpec(tid, group, 10, (StepSpec(tokens),))
+
+    history = [spec("a", "it0-p1", 100), spec("b", "it0-p1", 300), spec("c", "it0-p2", 1000),
+               spec("d", "it0-p3", 50)]  # fmt: skip
+    batch = [spec("x0", "it1-p3"), spec("x1", "it1-p1"), spec("x2", "it1-p9"),
+             spec("x3", "it1-p2"), spec("x4", "it1-p1")]  # fmt: skip
+    # p2: 1000, p9 (unknown): the mean 362.5, p1: 200, p3: 50
+    assert longest_expected_first(batch, history) == [3, 2, 1, 4, 0]
+    assert longest_expected_first(batch, []) == [0, 1, 2, 3, 4]

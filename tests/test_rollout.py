@@ -383,3 +383,59 @@ def test_a_decode_moves_mid_step_and_makes_each_token_once(
             assert kinds == ["generate"]
 
     asyncio.run(run())
+
+
+def test_a_batch_of_many_slices_runs_every_trajectory_once_longest_expected_first(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    """Over `SLICE_SIZE` trajectories the batch fans out through slices, slice k taking
+    positions k, k + S, ...; the client stores the batch longest expected first (by the
+    earlier batch's prompts), so the slices start it in that order. Every trajectory
+    runs exactly once."""
+    from heddle.types import SliceInput
+    from workflows.batch import SLICE_SIZE
+
+    prompts = 9  # 144 trajectories: three slices, the last one short
+    earlier = generate("coding", prompts=prompts, samples=16, seed=3, iteration=0)
+    records = generate("coding", prompts=prompts, samples=16, seed=3, iteration=1)
+    assert SLICE_SIZE * 2 < len(records) < SLICE_SIZE * 3
+    made: dict[str, list[int]] = {}
+    for r in earlier:
+        made.setdefault(r.spec.group_id.split("-", 1)[1], []).append(r.spec.generated_tokens)
+    expected = {p: sum(v) / len(v) for p, v in made.items()}
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.002
+        ) as client:
+            # The earlier iteration, stored as a batch (the order reads its specs only).
+            client.store.create_batch(batch_id=f"earlier-{queue_prefix}", records=earlier,
+                                      options=RolloutOptions(), source="test",
+                                      created_at=time.time() - 1)  # fmt: skip
+            handle = await client.start_rollout(records=records, options=RolloutOptions())
+            report = await asyncio.wait_for(handle.report(), 300)
+            assert (report.trajectories, report.completed) == (len(records), len(records))
+            assert report.generated_tokens == sum(r.spec.generated_tokens for r in records)
+            rows = await client.list_trajectories(handle.batch_id)  # in position order
+            assert sorted(r["trajectory_id"] for r in rows) == sorted(
+                r.spec.trajectory_id for r in records
+            )
+            ranked = [expected[r["group_id"].split("-", 1)[1]] for r in rows]
+            assert ranked == sorted(ranked, reverse=True)
+            assert ranked[0] > ranked[-1]
+            steps = sum(len(r.spec.steps) for r in records)
+            assert client.store.count_steps(handle.batch_id) == steps
+            history = await handle.workflow.fetch_history()
+            slices = [
+                client.temporal.data_converter.payload_converter.from_payloads(
+                    e.start_child_workflow_execution_initiated_event_attributes.input.payloads,
+                    [SliceInput],
+                )[0]
+                for e in history.events
+                if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+            ]
+            assert [(s.offset, s.stride, s.count) for s in slices] == [
+                (k, 3, len(range(k, len(records), 3))) for k in range(3)
+            ]
+
+    asyncio.run(run())

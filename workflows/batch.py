@@ -41,6 +41,8 @@ with workflow.unsafe.imports_passed_through():
 CLAIM_PATCH = "claim-split"
 # Large batches started before slices replay their children from the batch itself.
 SLICE_PATCH = "slices"
+# Batches started before strided slices gave each slice a contiguous range.
+STRIDE_PATCH = "strided-slices"
 # Trajectories one slice (or a batch of at most this many) runs as its children: well
 # under Temporal's 2,000 pending children a workflow, and a history far from its limits.
 SLICE_SIZE = 64
@@ -157,25 +159,42 @@ class RolloutBatchWorkflow:
     async def _run_slices(self, inp: BatchInput, started_at: float) -> None:
         """A large batch starts its trajectories through slices of `SLICE_SIZE`, all at
         once: each slice's history stays small, and the server starts the children of
-        many parents in parallel instead of serialising them on one."""
+        many parents in parallel instead of serialising them on one. Slice k takes
+        positions k, k + S, k + 2S, ... of the S slices, so the slices together start the
+        batch in position order, which the client made the start order (longest
+        expected first)."""
         n, opts = inp.num_trajectories, inp.options
-        offsets = range(0, n, SLICE_SIZE)
-        window = max(1, -(-opts.max_in_flight // len(offsets)))
+        num_slices = -(-n // SLICE_SIZE)
+        window = max(1, -(-opts.max_in_flight // num_slices))
+        strided = workflow.patched(STRIDE_PATCH)
+
+        def part(k: int) -> SliceInput:
+            if strided:
+                count = len(range(k, n, num_slices))
+                return SliceInput(inp.batch_id, k, count, opts, inp.page_size, started_at,
+                                  window, stride=num_slices)  # fmt: skip
+            offset = k * SLICE_SIZE
+            return SliceInput(inp.batch_id, offset, min(SLICE_SIZE, n - offset), opts,
+                              inp.page_size, started_at, window)  # fmt: skip
+
+        def summary(s: SliceInput) -> str:
+            if s.stride > 1:
+                return f"{s.count} trajectories: positions {s.offset}, {s.offset + s.stride}, ..."
+            return f"trajectories {s.offset}..{s.offset + s.count - 1}"
+
+        parts = [part(k) for k in range(num_slices)]
         slices = [
             workflow.execute_child_workflow(
                 RolloutSliceWorkflow.run,
-                SliceInput(
-                    inp.batch_id, offset, min(SLICE_SIZE, n - offset), opts, inp.page_size,
-                    started_at, window,
-                ),
+                s,
                 id=f"{inp.batch_id}/slice-{k}",
                 task_queue=trajectories_queue(opts.queue_prefix),
                 parent_close_policy=ParentClosePolicy.TERMINATE,
                 execution_timeout=timedelta(days=7),
-                static_summary=f"trajectories {offset}..{min(n, offset + SLICE_SIZE) - 1}",
+                static_summary=summary(s),
             )
-            for k, offset in enumerate(offsets)
-        ]  # fmt: skip
+            for k, s in enumerate(parts)
+        ]
         for outcome in await asyncio.gather(*slices):
             self._tally.add(outcome)
 
@@ -188,8 +207,9 @@ class RolloutSliceWorkflow:
     async def run(self, inp: SliceInput) -> SliceOutcome:
         tally = Tally(started_at=inp.started_at)
         await run_range(
-            inp.batch_id, inp.offset, inp.count, inp.options, inp.page_size, inp.window, tally
-        )
+            inp.batch_id, inp.offset, inp.count, inp.options, inp.page_size, inp.window, tally,
+            inp.stride,
+        )  # fmt: skip
         return SliceOutcome(
             completed=tally.completed,
             failed=tally.failed,
@@ -238,26 +258,29 @@ async def run_range(
     page_size: int,
     window: int,
     tally: Tally,
+    stride: int = 1,
 ) -> None:
-    """Run the batch's trajectories `offset .. offset + count - 1` as child workflows,
-    at most `window` at a time, their specs read from the store a page at a time."""
-    end = offset + count
+    """Run `count` of the batch's trajectories, at positions `offset`, `offset + stride`,
+    ..., as child workflows in that order, at most `window` at a time, their specs read
+    from the store a page at a time."""
+    remaining = count
     buffered: list[TrajectorySpec] = []
     pending: set[asyncio.Task[TrajectorySummary]] = set()
-    while offset < end or buffered or pending:
-        while len(pending) < window and (buffered or offset < end):
+    while remaining or buffered or pending:
+        while len(pending) < window and (buffered or remaining):
             if not buffered:
                 page = await workflow.execute_activity(
                     names.LOAD_SPECS,
-                    SpecPageRequest(batch_id, offset, min(page_size, end - offset)),
+                    SpecPageRequest(batch_id, offset, min(page_size, remaining), stride),
                     start_to_close_timeout=policy.STORE_TIMEOUT,
                     retry_policy=policy.STORE_RETRY,
                     result_type=SpecPage,
                 )
                 if not page.specs:
-                    offset = end  # the store holds fewer than announced
+                    remaining = 0  # the store holds fewer than announced
                     break
-                offset += len(page.specs)
+                offset += len(page.specs) * stride
+                remaining -= len(page.specs)
                 buffered = list(reversed(page.specs))
             tally.started += 1
             pending.add(asyncio.ensure_future(_run_one(batch_id, opts, buffered.pop())))

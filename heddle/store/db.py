@@ -173,16 +173,33 @@ class TrajectoryStore:
             )
             return count
 
-    def load_specs(self, batch_id: str, offset: int, limit: int) -> list[TrajectorySpec]:
+    def load_specs(
+        self, batch_id: str, offset: int, limit: int, stride: int = 1
+    ) -> list[TrajectorySpec]:
+        """Up to `limit` specs at positions `offset`, `offset + stride`, ... (a strided
+        slice of the batch), in position order."""
         with self._session() as s:
-            rows = s.scalars(
-                select(TrajectoryRow.spec_json)
-                .where(TrajectoryRow.batch_id == batch_id)
-                .order_by(TrajectoryRow.position)
-                .offset(offset)
-                .limit(limit)
-            ).all()
+            q = select(TrajectoryRow.spec_json).where(TrajectoryRow.batch_id == batch_id)
+            if stride > 1:
+                q = q.where(
+                    TrajectoryRow.position >= offset,
+                    (TrajectoryRow.position - offset) % stride == 0,
+                )
+            else:
+                q = q.offset(offset)
+            rows = s.scalars(q.order_by(TrajectoryRow.position).limit(limit)).all()
         return [spec_from_json(r) for r in rows]
+
+    def batch_before(self, batch_id: str | None = None) -> str | None:
+        """The batch created just before `batch_id` (None: the latest batch): the earlier
+        iteration a batch learns from."""
+        with self._session() as s:
+            q = select(BatchRow.batch_id).order_by(BatchRow.created_at.desc())
+            if batch_id is not None:
+                created = s.scalar(select(BatchRow.created_at).where(BatchRow.batch_id == batch_id))
+                if created is not None:
+                    q = q.where(BatchRow.created_at < created)
+            return s.scalars(q.limit(1)).first()
 
     def finish_batch(self, report: BatchReport) -> None:
         with self._session() as s:
