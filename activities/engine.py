@@ -10,6 +10,7 @@ Temporal round trip per LLM step.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class EngineActivities:
 
         started = time.time()
         if resumed >= request.max_new_tokens:
+            # Made before a retry (perhaps during the tool's wait, which starts again).
             return GenerateResult(
                 instance_id=self.engine.instance_id,
                 output_tokens=resumed,
@@ -66,6 +68,7 @@ class EngineActivities:
                 finished_at=started,
                 attempt=info.attempt,
                 resumed_tokens=resumed,
+                wait_left_s=await self._tool_wait(request.then_wait_s, resumed),
             )
         lean = request.decided is not None and self.pool is not None
         engine, first, base = self.engine, None, resumed
@@ -90,7 +93,9 @@ class EngineActivities:
         finally:
             if lean:
                 self._report(request, engine.instance_id)
-        moved_to = "" if lean and made >= request.max_new_tokens else result.moved_to
+        done = made >= request.max_new_tokens
+        moved_to = "" if lean and done else result.moved_to
+        next_instance = self._anticipate(request, engine.instance_id, made) if lean else ""
         return GenerateResult(
             instance_id=engine.instance_id,
             output_tokens=made,
@@ -101,8 +106,26 @@ class EngineActivities:
             attempt=info.attempt,
             resumed_tokens=resumed,
             moved_to=moved_to,
-            next_instance=self._anticipate(request, engine.instance_id, made) if lean else "",
+            next_instance=next_instance,
+            # The KV move the re-prediction began runs during this wait.
+            wait_left_s=await self._tool_wait(request.then_wait_s, made) if done else 0.0,
         )
+
+    async def _tool_wait(self, seconds: float, made: int) -> float:
+        """Wait out the replayed tool that follows the step, heartbeating (a lost worker
+        is noticed within the heartbeat timeout). Cut short when this worker stops (its
+        instance retired): returns what is left, which the workflow waits instead, so no
+        retry is left on the queue of an instance that is gone."""
+        if seconds <= 0:
+            return 0.0
+        deadline = time.monotonic() + seconds
+        async with heartbeating(lambda: made):
+            shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
+            try:
+                await asyncio.wait([shutdown], timeout=seconds)
+            finally:
+                shutdown.cancel()
+        return max(0.0, deadline - time.monotonic()) if activity.is_worker_shutdown() else 0.0
 
     async def _step(
         self,

@@ -263,6 +263,10 @@ class GenerateRequest:
     anticipate: bool = False
     # The decision moved the trajectory here: its KV comes from this instance first.
     move_from: str = ""
+    # A replayed tool follows (trace replay): the engine host waits its latency, on the
+    # stack's clock, once the step is done and its books kept, so the workflow wakes
+    # once a step rather than again to start a timer.
+    then_wait_s: float = 0.0
 
 
 @dataclass
@@ -281,6 +285,9 @@ class GenerateResult:
     # The lean path's re-prediction moved the trajectory on as the step ended: its KV
     # goes there during the tool call, and its next step is decided from there.
     next_instance: str = ""
+    # What is left of `then_wait_s` when the wait was cut short (its worker stopping,
+    # e.g. a retired instance): the workflow waits it out.
+    wait_left_s: float = 0.0
 
 
 @dataclass

@@ -40,6 +40,10 @@ ANTICIPATE_PATCH = "anticipate-during-tool"
 # step's books (report, KV moves, the re-prediction during the tool call), the reward a
 # local activity. Workflows started before it replay their activities as recorded.
 LEAN_PATCH = "lean-step"
+# On the lean path, a replayed tool is waited out by the engine host's step activity
+# (`GenerateRequest.then_wait_s`): one workflow task a step instead of two and a timer.
+# Workflows started before it wait replayed tools on timers.
+TOOL_IN_STEP_PATCH = "replayed-tool-in-step"
 # The shortest timer a replayed tool waits (Temporal's timers are milliseconds).
 MIN_TIMER_S = 0.001
 
@@ -48,6 +52,13 @@ def _decide_request(inp: TrajectoryInput, view: TrajectoryView, instance: str) -
     """A decide for the trajectory as `view` sees it, its last step on `instance`."""
     opts = inp.options
     return DecideRequest(view.on(instance), opts.policy, inp.batch_id, opts.plans_split)
+
+
+def _replayed(request: ToolRequest) -> ToolResult:
+    """A replayed tool's result: the trace's."""
+    return ToolResult(
+        status=request.status, output_tokens=request.output_tokens, latency_s=request.latency_s
+    )
 
 
 def _engine_dead_tokens(exc: ActivityError) -> int | None:
@@ -65,6 +76,7 @@ class TrajectoryWorkflow:
         self._generated = 0
         self._instance = ""
         self._lean = False
+        self._tool_in_step = False
 
     @workflow.query
     def progress(self) -> dict[str, int | str]:
@@ -74,6 +86,7 @@ class TrajectoryWorkflow:
     async def run(self, inp: TrajectoryInput) -> TrajectorySummary:
         spec, opts = inp.spec, inp.options
         self._lean = workflow.patched(LEAN_PATCH)
+        self._tool_in_step = self._lean and workflow.patched(TOOL_IN_STEP_PATCH)
         started_at = workflow.now().timestamp()
         await workflow.execute_local_activity(
             names.MARK_STARTED,
@@ -112,9 +125,20 @@ class TrajectoryWorkflow:
                         sa.GENERATED.value_set(self._generated),
                     ]
                 )
-                generated = await self._generate(
-                    inp, index, new_tokens, decision, request, move_from, step.tool is not None
+                # A replayed tool the step activity waits out (none if the budget cuts the
+                # step short: no tool follows).
+                held = (
+                    self._tool_in_step
+                    and step.tool is not None
+                    and new_tokens == step.output_tokens
+                    and opts.tools == "replay"
+                    and opts.time_scale > 0
                 )
+                then_wait_s = step.tool_latency_s * opts.time_scale if held else 0.0
+                generated = await self._generate(
+                    inp, index, new_tokens, decision, request, move_from,
+                    step.tool is not None, then_wait_s,
+                )  # fmt: skip
                 self._generated += generated.output_tokens
                 record = StepRecord(
                     batch_id=inp.batch_id,
@@ -147,7 +171,12 @@ class TrajectoryWorkflow:
                         tool_input_ref=step.tool_input_ref,
                         batch_id=inp.batch_id,
                     )
-                    if self._lean:
+                    if held:
+                        # The step activity waited it out (the rest, if it was cut short).
+                        if generated.wait_left_s > 0:
+                            await workflow.sleep(max(MIN_TIMER_S, generated.wait_left_s))
+                        tool = _replayed(request_tool)
+                    elif self._lean:
                         # The engine host re-predicted as the step ended.
                         tool = await self._tool(opts, request_tool)
                     else:
@@ -253,6 +282,7 @@ class TrajectoryWorkflow:
         request: DecideRequest,
         move_from: str = "",
         before_tool: bool = False,
+        then_wait_s: float = 0.0,
     ) -> GenerateResult:
         """One LLM step on the decided instance (`request`: what it was decided on). If
         the scheduler stops it mid-decode to move it (a long decode outgrew its instance),
@@ -274,6 +304,7 @@ class TrajectoryWorkflow:
                         context_tokens=context + made,
                         max_new_tokens=new_tokens - made,
                         priority=decision.priority,
+                        then_wait_s=then_wait_s,
                         **self._books(request, made, decision, move_from, before_tool),
                     ),
                     task_queue=engine_queue(instance, opts.queue_prefix),
@@ -370,11 +401,7 @@ class TrajectoryWorkflow:
         wait_s = request.latency_s * opts.time_scale
         if wait_s > 0:
             await workflow.sleep(max(MIN_TIMER_S, wait_s))
-        return ToolResult(
-            status=request.status,
-            output_tokens=request.output_tokens,
-            latency_s=request.latency_s,
-        )
+        return _replayed(request)
 
     async def _reward(self, opts: RolloutOptions, request: RewardRequest) -> float:
         if self._lean:
