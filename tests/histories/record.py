@@ -2,8 +2,8 @@
 `python -m tests.histories.record` on the code whose histories must keep replaying.
 
 Each batch runs on an in-memory dev server with an in-process worker: a peer (verl), a
-planned Heddle batch (its scheduler calls on the engine host), a trajectory moved
-between instances at each tool call, and a decode moved mid-step.
+batch of two slices, a planned Heddle batch (its scheduler calls on the engine host), a
+trajectory moved between instances at each tool call, and a decode moved mid-step.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ async def _record(address: str, store_url: str) -> dict[str, list[dict[str, obje
     # a planned batch reshapes the cluster the others' placements name.
     ping = TraceRecord(TrajectorySpec("m", "g", 200, moving, "coding"))
     long_decode = TraceRecord(TrajectorySpec("t", "g", 200, (StepSpec(6000),), "math"))
+    # Over one slice: the batch fans out through slices.
+    many = [TraceRecord(_spec(f"s{k}", ["ok"])) for k in range(70)]
     batches = {
         "verl": (trio, "verl"),
+        "slices": (many, "verl"),
         "ping-pong": ([ping], "test-ping-pong"),
         "mid-step-move": ([long_decode], "test-move"),
         "heddle": (trio, "heddle"),
@@ -70,6 +73,9 @@ async def _record(address: str, store_url: str) -> dict[str, list[dict[str, obje
             report = await asyncio.wait_for(handle.report(), 120)
             assert report.completed == len(records), (name, report)
             ids = [handle.batch_id] + [f"{handle.batch_id}/{r.spec.trajectory_id}" for r in records]
+            if len(records) > 64:  # the slices too, and a few of their trajectories
+                ids = [handle.batch_id, f"{handle.batch_id}/slice-0", f"{handle.batch_id}/slice-1",
+                       *ids[1:4]]  # fmt: skip
             out[name] = [
                 json.loads((await client.temporal.get_workflow_handle(w).fetch_history()).to_json())
                 for w in ids
