@@ -137,13 +137,15 @@ class HeddleClient:
         validate_options(options)
         options = replace(options, plans_split=options.policy in PLANS_SPLIT)
         learns = options.plans_split and not options.policy.endswith("-oracle")
-        if learns and not await asyncio.to_thread(self.store.list_batches, 1):
+        # The earlier batch: what a learning policy plans from and the start order ranks by.
+        before = await asyncio.to_thread(self.store.batch_before)
+        if learns and before is None:
             raise ValueError(
                 f"policy {options.policy!r} learns from an earlier batch in the store: "
                 "roll one out first (with any policy)"
             )
         batch_id = batch_id or new_batch_id()
-        batch = await asyncio.to_thread(self._in_start_order, batch)
+        batch = await asyncio.to_thread(self._in_start_order, batch, before)
         await asyncio.to_thread(
             lambda: self.store.create_batch(
                 batch_id=batch_id,
@@ -162,10 +164,9 @@ class HeddleClient:
         )
         return RolloutHandle(batch_id=batch_id, workflow=handle, store=self.store)
 
-    def _in_start_order(self, records: list[TraceRecord]) -> list[TraceRecord]:
+    def _in_start_order(self, records: list[TraceRecord], before: str | None) -> list[TraceRecord]:
         """The batch as it will be stored and started: longest expected first, by the
-        latest batch in the store (`scheduler.start_order`)."""
-        before = self.store.batch_before()
+        batch `before` it (`scheduler.start_order`)."""
         history = self.store.load_specs(before, 0, MAX_HISTORY) if before else []
         order = longest_expected_first([r.spec for r in records], history)
         return [records[i] for i in order]

@@ -54,6 +54,11 @@ def _decide_request(inp: TrajectoryInput, view: TrajectoryView, instance: str) -
     return DecideRequest(view.on(instance), opts.policy, inp.batch_id, opts.plans_split)
 
 
+def _replays_tools(opts: RolloutOptions) -> bool:
+    """Tools are the trace's latencies, waited on the stack's clock (real ones run)."""
+    return opts.tools == "replay" and opts.time_scale > 0
+
+
 def _replayed(request: ToolRequest) -> ToolResult:
     """A replayed tool's result: the trace's."""
     return ToolResult(
@@ -131,8 +136,7 @@ class TrajectoryWorkflow:
                     self._tool_in_step
                     and step.tool is not None
                     and new_tokens == step.output_tokens
-                    and opts.tools == "replay"
-                    and opts.time_scale > 0
+                    and _replays_tools(opts)
                 )
                 then_wait_s = step.tool_latency_s * opts.time_scale if held else 0.0
                 generated = await self._generate(
@@ -396,7 +400,7 @@ class TrajectoryWorkflow:
         """A tool call. Replaying a trace, the tool is its recorded latency: a durable
         timer (none for an instant tool) costs the server less than an activity that
         only sleeps. Real tools run as activities on the tools queue."""
-        if opts.tools != "replay" or opts.time_scale <= 0:
+        if not _replays_tools(opts):
             return await self._tool_activity(opts, request)
         wait_s = request.latency_s * opts.time_scale
         if wait_s > 0:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 from engines.costmodel import CostModel
 from heddle.hardware import ClusterShape
@@ -16,23 +17,15 @@ class InstanceShapes:
     first use: a policy built for a batch it never plans pays nothing)."""
 
     cluster: ClusterShape
-    _models: dict[int, InstanceModel] | None = field(default=None, repr=False)
-    _restart_s: dict[int, float] | None = field(default=None, repr=False)
 
     def splitter(self, num_gpus: int | None = None) -> SplitPlanner:
         cluster = self.cluster if num_gpus is None else replace(self.cluster, num_gpus=num_gpus)
         return SplitPlanner(cluster)
 
-    @property
+    @cached_property
     def models(self) -> dict[int, InstanceModel]:
-        if self._models is None:
-            self._models = self.splitter().models()
-        return self._models
+        return self.splitter().models()
 
-    @property
+    @cached_property
     def restart_s(self) -> dict[int, float]:
-        if self._restart_s is None:
-            self._restart_s = {
-                tp: CostModel.of(self.cluster, tp).reconfiguration_s() for tp in self.models
-            }
-        return self._restart_s
+        return {tp: CostModel.of(self.cluster, tp).reconfiguration_s() for tp in self.models}
