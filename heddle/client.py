@@ -20,6 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from heddle.config import BatchSpec
 from heddle.queues import control_workflow_id, trajectories_queue
+from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
@@ -92,7 +93,7 @@ class HeddleClient:
         store_url: str | None = None,
         queue_prefix: str = "",
     ) -> HeddleClient:
-        temporal = await Client.connect(address, namespace=namespace)
+        temporal = await Client.connect(address, namespace=namespace, data_converter=DATA_CONVERTER)
         store = await asyncio.to_thread(TrajectoryStore.open, store_url or default_url())
         return cls(temporal=temporal, store=store, queue_prefix=queue_prefix)
 

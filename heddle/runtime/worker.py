@@ -24,6 +24,7 @@ from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle.config import ClusterConfig
 from heddle.queues import control_queue, tools_queue, trajectories_queue
 from heddle.runtime.engine_host import EngineHost, ensure_control_workflow
+from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.runtime.scheduler_link import LocalScheduler, RemoteScheduler, SchedulerServer
 from heddle.runtime.stack import ensure_search_attributes
 from heddle.store import TrajectoryStore
@@ -100,7 +101,9 @@ def connect_ray(cluster: ClusterConfig) -> None:
 
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM when it is None)."""
-    client = await Client.connect(opts.address, namespace=opts.namespace)
+    client = await Client.connect(
+        opts.address, namespace=opts.namespace, data_converter=DATA_CONVERTER
+    )
     try:
         await ensure_search_attributes(client, opts.namespace)
     except Exception as exc:  # e.g. no operator permission on a managed cluster

@@ -11,12 +11,12 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,8 +29,12 @@ from heddle.types import (
     StepRecord,
     StepSpec,
     TrajectorySpec,
+    TrajectoryStarted,
     TrajectorySummary,
 )
+
+# What a running trajectory writes: its start, each step, its end.
+TrajectoryWrite = TrajectoryStarted | StepRecord | TrajectorySummary
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -246,54 +250,88 @@ class TrajectoryStore:
 
     # ---- trajectories ----------------------------------------------------------------
     def mark_started(self, batch_id: str, trajectory_id: str, started_at: float) -> None:
-        with self._session() as s:
-            s.execute(
-                update(TrajectoryRow)
-                .where(
-                    TrajectoryRow.key == trajectory_key(batch_id, trajectory_id),
-                    TrajectoryRow.status == "pending",
-                )
-                .values(status="running", started_at=started_at)
-            )
+        self.write([TrajectoryStarted(batch_id, trajectory_id, started_at)])
 
     def record_step(self, record: StepRecord) -> None:
-        """One step's row, written again in place by a retry: two statements and no ORM
-        round trip, since every LLM step of a live batch passes here."""
+        self.write([record])
+
+    def finish_trajectory(self, summary: TrajectorySummary) -> None:
+        self.write([summary])
+
+    def write(self, writes: Sequence[TrajectoryWrite]) -> None:
+        """Trajectories' writes in one transaction, in order. Core statements on a
+        connection, not the ORM: every step of a live batch passes here."""
+        with self.engine.begin() as conn:
+            for w in writes:
+                self._write_one(conn, w)
+
+    def write_each(self, writes: Sequence[TrajectoryWrite]) -> list[Exception | None]:
+        """The writes in one transaction (a group commit); if it fails, each on its own,
+        so that one bad write fails only itself. Returns each write's error, or None."""
+        try:
+            self.write(writes)
+            return [None] * len(writes)
+        except Exception:
+            if len(writes) == 1:
+                raise
+        errors: list[Exception | None] = []
+        for w in writes:
+            try:
+                self.write([w])
+                errors.append(None)
+            except Exception as exc:
+                errors.append(exc)
+        return errors
+
+    def _write_one(self, conn: Connection, w: TrajectoryWrite) -> None:
+        if isinstance(w, StepRecord):
+            self._record_step(conn, w)
+            return
+        trajectories = TrajectoryRow.__table__
+        key = trajectory_key(w.batch_id, w.trajectory_id)
+        if isinstance(w, TrajectoryStarted):
+            conn.execute(
+                update(trajectories)
+                .where(trajectories.c.key == key, trajectories.c.status == "pending")
+                .values(status="running", started_at=w.started_at)
+            )
+            return
+        conn.execute(
+            update(trajectories)
+            .where(trajectories.c.key == key)
+            .values(
+                status=w.status,
+                finish_reason=w.finish_reason,
+                turns=w.turns,
+                generated_tokens=w.generated_tokens,
+                tool_calls=w.tool_calls,
+                reward=w.reward,
+                started_at=w.started_at,
+                finished_at=w.finished_at,
+                error=w.error or None,
+            )
+        )
+
+    def _record_step(self, conn: Connection, record: StepRecord) -> None:
+        """One step's row, written again in place by a retry: an upsert and a guarded
+        update of the trajectory's turn count."""
         key = trajectory_key(record.batch_id, record.trajectory_id)
         values = dataclasses.asdict(record)
         for name in ("batch_id", "trajectory_id"):
             values.pop(name)
         values["observation_ref"] = values["observation_ref"] or None
         insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
-        upsert = insert(StepRow).values(trajectory_key=key, **values)
+        steps, trajectories = StepRow.__table__, TrajectoryRow.__table__
+        upsert = insert(steps).values(trajectory_key=key, **values)
         upsert = upsert.on_conflict_do_update(
-            index_elements=[StepRow.trajectory_key, StepRow.step_index], set_=values
+            index_elements=[steps.c.trajectory_key, steps.c.step_index], set_=values
         )
-        with self._session() as s:
-            s.execute(upsert)
-            s.execute(
-                update(TrajectoryRow)
-                .where(TrajectoryRow.key == key, TrajectoryRow.turns < record.step_index + 1)
-                .values(turns=record.step_index + 1)
-            )
-
-    def finish_trajectory(self, summary: TrajectorySummary) -> None:
-        with self._session() as s:
-            s.execute(
-                update(TrajectoryRow)
-                .where(TrajectoryRow.key == trajectory_key(summary.batch_id, summary.trajectory_id))
-                .values(
-                    status=summary.status,
-                    finish_reason=summary.finish_reason,
-                    turns=summary.turns,
-                    generated_tokens=summary.generated_tokens,
-                    tool_calls=summary.tool_calls,
-                    reward=summary.reward,
-                    started_at=summary.started_at,
-                    finished_at=summary.finished_at,
-                    error=summary.error or None,
-                )
-            )
+        conn.execute(upsert)
+        conn.execute(
+            update(trajectories)
+            .where(trajectories.c.key == key, trajectories.c.turns < record.step_index + 1)
+            .values(turns=record.step_index + 1)
+        )
 
     def trace_reward(self, batch_id: str, trajectory_id: str) -> float | None:
         with self._session() as s:
