@@ -121,6 +121,10 @@ class SchedulerService:
                 self.in_flight[iid] = max(self.in_flight[iid], load)
         self.kv_usage.update(kv_usage or {})
 
+    def reviews(self) -> bool:
+        """Whether any policy here reviews steps in progress (else a review is a no-op)."""
+        return any(policy.reviews for policy in self._policies.values())
+
     def emptying(self) -> set[str]:
         """The instances (the cluster's ids) a policy is emptying: their queued steps are
         worth showing to `review`; elsewhere only long decodes are."""

@@ -8,6 +8,7 @@ import time
 import pytest
 from temporalio.client import Client
 
+from heddle import search_attributes as sa
 from heddle.trace import TraceRecord
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
@@ -66,6 +67,16 @@ def test_batch_of_64_completes_with_every_trajectory_recorded(
             assert [s["output_tokens"] for s in one["steps"]] == [
                 s.output_tokens for s in spec0.steps
             ]
+            # Its search attributes end as the trajectory did, though its steps' upserts
+            # are throttled.
+            desc = await client.temporal.get_workflow_handle(
+                f"{handle.batch_id}/{spec0.trajectory_id}"
+            ).describe()
+            attrs = desc.typed_search_attributes
+            assert attrs.get(sa.TURN) == len(spec0.steps)
+            assert attrs.get(sa.GENERATED) == spec0.generated_tokens
+            assert attrs.get(sa.INSTANCE) == one["steps"][-1]["instance_id"]
+            assert attrs.get(sa.STATUS) == "completed"
             # A later turn of the same trajectory on the same instance finds its prefix cached.
             for prev, step in zip(one["steps"], one["steps"][1:], strict=False):
                 if step["instance_id"] == prev["instance_id"]:

@@ -39,6 +39,9 @@ MAX_STEPS_PER_ENGINE = 8192
 # EngineDead, which the workflow must see: a step cancelled by the shutdown would be
 # retried on the same instance instead of decided again).
 STOP_GRACE = timedelta(seconds=10)
+# The least wall time between two mid-step reviews: a step the review moves has to run
+# on for longer than this for the move to pay.
+MIN_REVIEW_WALL_S = 0.05
 
 
 async def ensure_control_workflow(
@@ -127,10 +130,12 @@ class EngineHost:
         """Show the scheduler the decodes in progress, and the queued steps on instances
         it is emptying, every `REVIEW_EVERY_S` (scaled), and stop the ones it moves; each
         continues on its new instance (the trajectory workflow moves the KV and resumes
-        the step from the tokens made)."""
+        the step from the tokens made). At least `MIN_REVIEW_WALL_S` apart: at a fast
+        time scale a review every 5 s of stack time came every half millisecond and
+        took a good part of the worker's CPU."""
         while True:
-            await asyncio.sleep(REVIEW_EVERY_S * self.time_scale)
-            if self.pool is None:
+            await asyncio.sleep(max(MIN_REVIEW_WALL_S, REVIEW_EVERY_S * self.time_scale))
+            if self.pool is None or not self.service.reviews():
                 continue
             emptying = self.service.emptying()
             running = {
