@@ -10,6 +10,7 @@ client's users share.
 | `batches`, `trajectories list|show` | `trajectories` |
 | `bench` | `bench` |
 | `trace gen|stats|validate` | `traces` |
+| `tasks validate|stats` | `tasks` |
 | `model tiny` | `models` |
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import typer
 
-from heddle.cli import bench, cluster, models, rollout, stack, traces, trajectories
+from heddle.cli import bench, cluster, models, rollout, stack, tasks, traces, trajectories
 
 app = typer.Typer(
     help="Heddle: trajectory-level scheduling for agentic RL rollout.", no_args_is_help=True
@@ -30,6 +31,7 @@ app.command()(trajectories.batches)
 app.command()(bench.bench)
 app.add_typer(trajectories.app, name="trajectories")
 app.add_typer(traces.app, name="trace")
+app.add_typer(tasks.app, name="tasks")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(models.app, name="model")
 
