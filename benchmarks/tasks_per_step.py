@@ -7,7 +7,10 @@ Heddle batch, a trajectory moved at each tool call, a decode moved mid-step), na
 by the commit that recorded them: 1f142af is the step path before the lean one. Per
 recording and trajectory workflow: workflow tasks, activity tasks and timers (each a
 server round trip: a task dispatched to a worker and its completion), and local
-activities (in the worker, no round trip), each divided by the trajectory's LLM steps.
+activities (in the worker, no round trip), each divided by the trajectory's LLM steps;
+and the workflow tasks that upsert search attributes (a patch marker's version counts
+too), each a visibility write on the server, which at a thousand trajectories and more
+cost it more than the task itself.
 """
 
 from __future__ import annotations
@@ -38,12 +41,18 @@ def count(history: dict[str, Any]) -> dict[str, int] | None:
         for e in events
         if "markerRecordedEventAttributes" in e
     ]
+    upserting_tasks = {
+        e["upsertWorkflowSearchAttributesEventAttributes"]["workflowTaskCompletedEventId"]
+        for e in events
+        if "upsertWorkflowSearchAttributesEventAttributes" in e
+    }
     return {
         "steps": _steps(started),
         "workflow_tasks": kinds.count("workflowTaskCompletedEventAttributes"),
         "activity_tasks": kinds.count("activityTaskScheduledEventAttributes"),
         "timers": kinds.count("timerStartedEventAttributes"),
         "local_activities": markers.count("core_local_activity"),
+        "visibility_updates": len(upserting_tasks),
     }
 
 
@@ -61,7 +70,8 @@ def table(paths: list[Path]) -> list[dict[str, Any]]:
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:]] or sorted(HISTORIES.glob("*.json"))
     rows = table(paths)
-    keys = ["workflow_tasks", "activity_tasks", "timers", "server_round_trips", "local_activities"]
+    keys = ["workflow_tasks", "activity_tasks", "timers", "server_round_trips", "local_activities",
+            "visibility_updates"]  # fmt: skip
     print("| recording | LLM steps | " + " | ".join(k.replace("_", " ") for k in keys) + " |")
     print("|---|---:|" + "---:|" * len(keys))
     for r in rows:
