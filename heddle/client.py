@@ -24,6 +24,7 @@ from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.trace import TraceRecord, load_trace
+from heddle.training import TrainingSample, training_batch
 from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
@@ -196,6 +197,11 @@ class HeddleClient:
 
     async def list_batches(self, limit: int = 50) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.list_batches, limit)
+
+    async def training_batch(self, batch_id: str) -> list[TrainingSample]:
+        """Per completed agent trajectory: token ids, log-probs, loss mask, reward, group
+        and GRPO advantage (`heddle.training`)."""
+        return await asyncio.to_thread(training_batch, self.store, batch_id)
 
     async def list_trajectories(
         self, batch_id: str, *, status: str | None = None, limit: int = 1000

@@ -338,6 +338,24 @@ class StepRecord:
 
 
 @dataclass
+class TurnRecord:
+    """The tokens of one model turn of an agent trajectory, for training: what was
+    appended to the context before it (the prompt, or a tool's result with the chat
+    template's markup; loss mask 0) and what the model sampled (mask 1), with the
+    log-prob of each sampled token and the weight version that made it. The engine host
+    writes it to the store; long arrays never enter a workflow's history."""
+
+    batch_id: str
+    trajectory_id: str
+    step_index: int
+    input_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    weight_version: int = 0
+    finish_reason: str = ""  # stop | length | tool_call | ...
+
+
+@dataclass
 class TrajectorySummary:
     """A trajectory's outcome: what its workflow returns and the store persists."""
 

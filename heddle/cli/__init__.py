@@ -7,7 +7,7 @@ client's users share.
 | `dev`, `stop`, `worker` | `stack` (and how the others find a stack) |
 | `rollout` | `rollout` |
 | `cluster plan|reshape` | `cluster` |
-| `batches`, `trajectories list|show` | `trajectories` |
+| `batches`, `trajectories list|show`, `export` | `trajectories` |
 | `bench` | `bench` |
 | `trace gen|stats|validate` | `traces` |
 | `tasks validate|stats` | `tasks` |
@@ -28,6 +28,7 @@ app.command()(stack.stop)
 app.command()(stack.worker)
 app.command()(rollout.rollout)
 app.command()(trajectories.batches)
+app.command()(trajectories.export)
 app.command()(bench.bench)
 app.add_typer(trajectories.app, name="trajectories")
 app.add_typer(traces.app, name="trace")

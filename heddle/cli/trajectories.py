@@ -1,4 +1,5 @@
-"""`heddle batches` and `heddle trajectories list|show`: what the store holds."""
+"""`heddle batches`, `heddle trajectories list|show` and `heddle export`: what the store
+holds."""
 
 from __future__ import annotations
 
@@ -50,3 +51,28 @@ def trajectories_show(
     if record is None:
         raise fail(f"no trajectory {trajectory!r} in batch {batch!r}")
     console.print_json(json.dumps(record))
+
+
+def export(
+    batch: str,
+    out: Path,
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl or parquet"),
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
+) -> None:
+    """Write a batch's training data (token ids, log-probs, loss mask, reward, group,
+    advantage: one row per completed agent trajectory) to OUT."""
+    from heddle.store import TrajectoryStore
+    from heddle.training import training_batch, write_export
+
+    if fmt not in ("jsonl", "parquet"):
+        raise fail(f"--format must be jsonl or parquet, got {fmt!r}")
+    st = TrajectoryStore.open(store_url(store, state_dir))
+    if st.get_batch(batch) is None:
+        raise fail(f"no batch {batch!r} in the store {st.url}")
+    samples = training_batch(st, batch)
+    try:
+        write_export(samples, str(out), fmt)
+    except (RuntimeError, OSError) as exc:
+        raise fail(str(exc)) from None
+    console.print(f"wrote {len(samples)} trajectories of {batch} to {out}")

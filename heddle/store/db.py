@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow
+from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow, TurnRow
 from heddle.trace import TraceRecord
 from heddle.types import (
     BatchReport,
@@ -31,10 +31,12 @@ from heddle.types import (
     TrajectorySpec,
     TrajectoryStarted,
     TrajectorySummary,
+    TurnRecord,
 )
 
-# What a running trajectory writes: its start, each step, its end.
-TrajectoryWrite = TrajectoryStarted | StepRecord | TrajectorySummary
+# What a running trajectory writes: its start, each step (an agent's turns' tokens too),
+# its end.
+TrajectoryWrite = TrajectoryStarted | StepRecord | TurnRecord | TrajectorySummary
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -287,6 +289,9 @@ class TrajectoryStore:
         if isinstance(w, StepRecord):
             self._record_step(conn, w)
             return
+        if isinstance(w, TurnRecord):
+            self._record_turn(conn, w)
+            return
         trajectories = TrajectoryRow.__table__
         key = trajectory_key(w.batch_id, w.trajectory_id)
         if isinstance(w, TrajectoryStarted):
@@ -311,6 +316,49 @@ class TrajectoryStore:
                 error=w.error or None,
             )
         )
+
+    def _record_turn(self, conn: Connection, turn: TurnRecord) -> None:
+        """A turn's tokens, replaced whole by a retried step (the stored turn is always
+        the one whose result the trajectory went on with)."""
+        values = {
+            "input_ids": json.dumps(turn.input_ids),
+            "output_ids": json.dumps(turn.output_ids),
+            "output_logprobs": json.dumps(turn.output_logprobs),
+            "weight_version": turn.weight_version,
+            "finish_reason": turn.finish_reason,
+        }
+        insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        turns = TurnRow.__table__
+        upsert = insert(turns).values(
+            trajectory_key=trajectory_key(turn.batch_id, turn.trajectory_id),
+            step_index=turn.step_index,
+            **values,
+        )
+        conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[turns.c.trajectory_key, turns.c.step_index], set_=values
+            )
+        )
+
+    def load_turns(self, batch_id: str) -> dict[str, list[TurnRecord]]:
+        """Every stored turn of a batch, by trajectory, in step order."""
+        out: dict[str, list[TurnRecord]] = {}
+        with self._session() as s:
+            rows = s.execute(
+                select(TrajectoryRow.trajectory_id, TurnRow)
+                .join(TurnRow, TurnRow.trajectory_key == TrajectoryRow.key)
+                .where(TrajectoryRow.batch_id == batch_id)
+                .order_by(TrajectoryRow.position, TurnRow.step_index)
+            ).all()
+        for tid, row in rows:
+            out.setdefault(tid, []).append(
+                TurnRecord(
+                    batch_id, tid, row.step_index, json.loads(row.input_ids),
+                    json.loads(row.output_ids), json.loads(row.output_logprobs),
+                    row.weight_version, row.finish_reason,
+                )
+            )  # fmt: skip
+        return out
 
     def _record_step(self, conn: Connection, record: StepRecord) -> None:
         """One step's row, written again in place by a retry: an upsert and a guarded

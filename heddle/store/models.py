@@ -72,6 +72,20 @@ class StepRow(Base):
     resumed_tokens: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class TurnRow(Base):
+    """One model turn's tokens (JSON arrays): `heddle.types.TurnRecord`."""
+
+    __tablename__ = "turns"
+
+    trajectory_key: Mapped[str] = mapped_column(ForeignKey("trajectories.key"), primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    input_ids: Mapped[str] = mapped_column(Text)
+    output_ids: Mapped[str] = mapped_column(Text)
+    output_logprobs: Mapped[str] = mapped_column(Text)
+    weight_version: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str] = mapped_column(String(32), default="")
+
+
 class TextRow(Base):
     """Long texts (prompts, generated text, tool observations), referenced by key."""
 
