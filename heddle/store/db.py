@@ -14,9 +14,9 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, select, update
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +37,11 @@ from heddle.types import (
 # What a running trajectory writes: its start, each step (an agent's turns' tokens too),
 # its end.
 TrajectoryWrite = TrajectoryStarted | StepRecord | TurnRecord | TrajectorySummary
+
+# The tables as Core sees them, for the statements every step writes.
+_STEPS = cast(Table, StepRow.__table__)
+_TRAJECTORIES = cast(Table, TrajectoryRow.__table__)
+_TURNS = cast(Table, TurnRow.__table__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -292,7 +297,7 @@ class TrajectoryStore:
         if isinstance(w, TurnRecord):
             self._record_turn(conn, w)
             return
-        trajectories = TrajectoryRow.__table__
+        trajectories = _TRAJECTORIES
         key = trajectory_key(w.batch_id, w.trajectory_id)
         if isinstance(w, TrajectoryStarted):
             conn.execute(
@@ -328,7 +333,7 @@ class TrajectoryStore:
             "finish_reason": turn.finish_reason,
         }
         insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
-        turns = TurnRow.__table__
+        turns = _TURNS
         upsert = insert(turns).values(
             trajectory_key=trajectory_key(turn.batch_id, turn.trajectory_id),
             step_index=turn.step_index,
@@ -369,7 +374,7 @@ class TrajectoryStore:
             values.pop(name)
         values["observation_ref"] = values["observation_ref"] or None
         insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
-        steps, trajectories = StepRow.__table__, TrajectoryRow.__table__
+        steps, trajectories = _STEPS, _TRAJECTORIES
         upsert = insert(steps).values(trajectory_key=key, **values)
         upsert = upsert.on_conflict_do_update(
             index_elements=[steps.c.trajectory_key, steps.c.step_index], set_=values
