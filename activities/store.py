@@ -1,9 +1,10 @@
 """Trajectory-store writes and reads for the workflows (task queue `trajectories`).
 
 The store is synchronous SQLAlchemy; each call runs in a thread so the worker's event loop
-keeps serving workflow tasks. A running trajectory's writes (start, steps, end) go through
-one `GroupCommit`: every trajectory of a batch writes at about the same pace, and one
-transaction and one thread hand-off for all that are waiting costs far less than one each.
+keeps serving workflow tasks. Each write is its own transaction: committing the writes
+that wait together (a group commit) cut the CPU of tiny two-step trajectories, but held
+the worker's GIL in long stretches and made a latency-bound 512-trajectory batch 13-20%
+slower live (docs/notes/issue-26-live-path.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from temporalio.exceptions import ApplicationError
 
 from heddle import activity_names as names
 from heddle.store import TrajectoryStore
-from heddle.store.db import TrajectoryWrite
 from heddle.types import (
     BatchReport,
     BatchStart,
@@ -26,46 +26,6 @@ from heddle.types import (
     TrajectoryStarted,
     TrajectorySummary,
 )
-
-# The most writes one transaction takes: a long transaction holds SQLite's write lock.
-MAX_WRITES_A_COMMIT = 512
-
-
-class GroupCommit:
-    """Writes committed together: whatever waits when a commit starts goes into the next
-    one. A write returns once its transaction is committed (an activity that returned has
-    written), and a failed transaction is retried write by write, so one bad write fails
-    only its own caller. One commit runs at a time, in a thread."""
-
-    def __init__(self, store: TrajectoryStore) -> None:
-        self.store = store
-        self._waiting: list[tuple[TrajectoryWrite, asyncio.Future[None]]] = []
-        self._committing: asyncio.Task[None] | None = None
-        self.commits = 0  # transactions, for tests and benchmarks
-
-    async def write(self, write: TrajectoryWrite) -> None:
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append((write, done))
-        if self._committing is None or self._committing.done():
-            self._committing = asyncio.create_task(self._commit_waiting())
-        await done
-
-    async def _commit_waiting(self) -> None:
-        while self._waiting:
-            batch = self._waiting[:MAX_WRITES_A_COMMIT]
-            del self._waiting[:MAX_WRITES_A_COMMIT]
-            try:
-                errors = await asyncio.to_thread(self.store.write_each, [w for w, _ in batch])
-            except Exception as exc:  # the store itself is unreachable
-                errors = [exc] * len(batch)
-            self.commits += 1
-            for (_, done), error in zip(batch, errors, strict=True):
-                if done.done():  # its caller gave up (timed out, cancelled)
-                    continue
-                if error is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(error)
 
 
 class StoreActivities:
@@ -77,7 +37,6 @@ class StoreActivities:
         instance_ids: Callable[[], list[str]] = list,
     ) -> None:
         self.store = store
-        self.writes = GroupCommit(store)
         self.time_scale = time_scale
         self.instance_ids = instance_ids  # the engine instances taking steps now
 
@@ -99,15 +58,15 @@ class StoreActivities:
 
     @activity.defn(name=names.MARK_STARTED)
     async def mark_started(self, started: TrajectoryStarted) -> None:
-        await self.writes.write(started)
+        await asyncio.to_thread(self.store.write, [started])
 
     @activity.defn(name=names.RECORD_STEP)
     async def record_step(self, record: StepRecord) -> None:
-        await self.writes.write(record)
+        await asyncio.to_thread(self.store.write, [record])
 
     @activity.defn(name=names.FINISH_TRAJECTORY)
     async def finish_trajectory(self, summary: TrajectorySummary) -> None:
-        await self.writes.write(summary)
+        await asyncio.to_thread(self.store.write, [summary])
 
     @activity.defn(name=names.FINISH_BATCH)
     async def finish_batch(self, report: BatchReport) -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
 
-from activities.store import GroupCommit
 from heddle.store import TrajectoryStore
 from heddle.trace import parse_line
 from heddle.types import RolloutOptions, StepRecord, TrajectoryStarted, TrajectorySummary
@@ -73,31 +70,22 @@ def test_step_and_finish_writes_are_idempotent(store_url: str) -> None:
     assert store.count_steps("b") == 2
 
 
-def test_group_commit_writes_together_and_a_bad_write_fails_alone(store_url: str) -> None:
-    """Writes waiting together share a transaction; one that breaks a constraint (a
-    step of a trajectory the store does not have) fails its own caller only."""
+def test_writes_of_one_transaction_all_land_or_none(store_url: str) -> None:
+    """A step of a trajectory the store does not have breaks a constraint: the writes
+    before it in the same transaction are rolled back with it."""
     store = TrajectoryStore.open(store_url)
-    tids = [f"t{k}" for k in range(20)]
     store.create_batch(
-        batch_id="b", records=[_record(t) for t in tids], options=RolloutOptions(),
-        source="x", created_at=0,
-    )  # fmt: skip
-    writes = GroupCommit(store)
-
-    async def write_all() -> list[BaseException | None]:
-        calls = [writes.write(TrajectoryStarted("b", t, 1.0)) for t in tids]
-        calls += [writes.write(StepRecord("b", t, 0, "i0", 5, 3)) for t in tids]
-        calls.append(writes.write(StepRecord("b", "not-in-the-store", 0, "i0", 5, 3)))
-        return await asyncio.gather(*calls, return_exceptions=True)
-
-    results = asyncio.run(write_all())
-    assert results[:-1] == [None] * 40
-    assert isinstance(results[-1], IntegrityError)
-    assert writes.commits == 1  # one transaction tried; on its failure, each alone
-    for t in tids:
-        got = store.get_trajectory("b", t)
-        assert got is not None
-        assert (got["status"], got["turns"], len(got["steps"])) == ("running", 1, 1)
+        batch_id="b", records=[_record("a")], options=RolloutOptions(), source="x", created_at=0
+    )
+    with pytest.raises(IntegrityError):
+        store.write([TrajectoryStarted("b", "a", 1.0), StepRecord("b", "nope", 0, "i0", 5, 3)])
+    got = store.get_trajectory("b", "a")
+    assert got is not None
+    assert got["status"] == "pending"
+    store.write([TrajectoryStarted("b", "a", 1.0), StepRecord("b", "a", 0, "i0", 5, 3)])
+    got = store.get_trajectory("b", "a")
+    assert got is not None
+    assert (got["status"], got["turns"], len(got["steps"])) == ("running", 1, 1)
 
 
 def test_postgresql_by_url(postgres_url: str) -> None:

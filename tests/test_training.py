@@ -1,17 +1,15 @@
 """Training-ready output: an agent batch's turns in the store come back as token ids,
 aligned log-probs and a loss mask, with GRPO advantages, and export to JSON Lines and
-Parquet (written to a real SQLite store, through the store's group commit)."""
+Parquet (written to a real SQLite store)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from activities.store import GroupCommit
 from heddle.store import TrajectoryStore
 from heddle.trace import parse_line
 from heddle.training import assemble, group_advantages, training_batch, write_export
@@ -38,16 +36,10 @@ def _store_batch(store_url: str) -> TrajectoryStore:
                for t, g, _ in ROLLOUT]  # fmt: skip
     store.create_batch(batch_id="b1", records=records, options=RolloutOptions(),
                        source="tasks", created_at=0)  # fmt: skip
-    writes = GroupCommit(store)
-
-    async def write() -> None:
-        for tid, _, _ in ROLLOUT:
-            for turn in _turns(tid):
-                await writes.write(turn)
-        # A retried turn is stored once, as the attempt the trajectory went on with.
-        await writes.write(TurnRecord("b1", "a", 1, [4, 5], [12, 99], [-2.0, -3.0], 1, "stop"))
-
-    asyncio.run(write())
+    for tid, _, _ in ROLLOUT:
+        store.write(_turns(tid))
+    # A retried turn is stored once, as the attempt the trajectory went on with.
+    store.write([TurnRecord("b1", "a", 1, [4, 5], [12, 99], [-2.0, -3.0], 1, "stop")])
     for tid, group, reward in ROLLOUT:
         status = "failed" if reward is None else "completed"
         store.finish_trajectory(TrajectorySummary("b1", tid, group, status, "answer", 2, 5, 1,

@@ -267,28 +267,10 @@ class TrajectoryStore:
 
     def write(self, writes: Sequence[TrajectoryWrite]) -> None:
         """Trajectories' writes in one transaction, in order. Core statements on a
-        connection, not the ORM: every step of a live batch passes here."""
+        connection, not the ORM session: every step of a live batch passes here."""
         with self.engine.begin() as conn:
             for w in writes:
                 self._write_one(conn, w)
-
-    def write_each(self, writes: Sequence[TrajectoryWrite]) -> list[Exception | None]:
-        """The writes in one transaction (a group commit); if it fails, each on its own,
-        so that one bad write fails only itself. Returns each write's error, or None."""
-        try:
-            self.write(writes)
-            return [None] * len(writes)
-        except Exception:
-            if len(writes) == 1:
-                raise
-        errors: list[Exception | None] = []
-        for w in writes:
-            try:
-                self.write([w])
-                errors.append(None)
-            except Exception as exc:
-                errors.append(exc)
-        return errors
 
     def _write_one(self, conn: Connection, w: TrajectoryWrite) -> None:
         if isinstance(w, StepRecord):
