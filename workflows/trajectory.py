@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
+from temporalio.common import Priority, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -252,7 +252,10 @@ class TrajectoryWorkflow:
                 inp.batch_id,
             ),
         )
-        final = [sa.STATUS.value_set(status), sa.GENERATED.value_set(self._generated)]
+        final: list[SearchAttributeUpdate[Any]] = [
+            sa.STATUS.value_set(status),
+            sa.GENERATED.value_set(self._generated),
+        ]
         if self._throttles_upserts:  # a throttled step's turn and instance, shown at last
             final += [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(self._instance)]
         workflow.upsert_search_attributes(final)
