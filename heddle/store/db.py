@@ -256,9 +256,6 @@ class TrajectoryStore:
         return [b for b in (self.get_batch(i) for i in ids) if b is not None]
 
     # ---- trajectories ----------------------------------------------------------------
-    def mark_started(self, batch_id: str, trajectory_id: str, started_at: float) -> None:
-        self.write([TrajectoryStarted(batch_id, trajectory_id, started_at)])
-
     def record_step(self, record: StepRecord) -> None:
         self.write([record])
 
@@ -279,18 +276,17 @@ class TrajectoryStore:
         if isinstance(w, TurnRecord):
             self._record_turn(conn, w)
             return
-        trajectories = _TRAJECTORIES
         key = trajectory_key(w.batch_id, w.trajectory_id)
         if isinstance(w, TrajectoryStarted):
             conn.execute(
-                update(trajectories)
-                .where(trajectories.c.key == key, trajectories.c.status == "pending")
+                update(_TRAJECTORIES)
+                .where(_TRAJECTORIES.c.key == key, _TRAJECTORIES.c.status == "pending")
                 .values(status="running", started_at=w.started_at)
             )
             return
         conn.execute(
-            update(trajectories)
-            .where(trajectories.c.key == key)
+            update(_TRAJECTORIES)
+            .where(_TRAJECTORIES.c.key == key)
             .values(
                 status=w.status,
                 finish_reason=w.finish_reason,
@@ -314,16 +310,19 @@ class TrajectoryStore:
             "weight_version": turn.weight_version,
             "finish_reason": turn.finish_reason,
         }
+        key = trajectory_key(turn.batch_id, turn.trajectory_id)
+        self._upsert_step_row(conn, _TURNS, key, turn.step_index, values)
+
+    def _upsert_step_row(
+        self, conn: Connection, table: Table, key: str, step_index: int, values: dict[str, Any]
+    ) -> None:
+        """Insert a row keyed by (trajectory, step), or replace its values: a retried
+        step writes the same row again."""
         insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
-        turns = _TURNS
-        upsert = insert(turns).values(
-            trajectory_key=trajectory_key(turn.batch_id, turn.trajectory_id),
-            step_index=turn.step_index,
-            **values,
-        )
+        upsert = insert(table).values(trajectory_key=key, step_index=step_index, **values)
         conn.execute(
             upsert.on_conflict_do_update(
-                index_elements=[turns.c.trajectory_key, turns.c.step_index], set_=values
+                index_elements=[table.c.trajectory_key, table.c.step_index], set_=values
             )
         )
 
@@ -352,19 +351,13 @@ class TrajectoryStore:
         update of the trajectory's turn count."""
         key = trajectory_key(record.batch_id, record.trajectory_id)
         values = dataclasses.asdict(record)
-        for name in ("batch_id", "trajectory_id"):
+        for name in ("batch_id", "trajectory_id", "step_index"):
             values.pop(name)
         values["observation_ref"] = values["observation_ref"] or None
-        insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
-        steps, trajectories = _STEPS, _TRAJECTORIES
-        upsert = insert(steps).values(trajectory_key=key, **values)
-        upsert = upsert.on_conflict_do_update(
-            index_elements=[steps.c.trajectory_key, steps.c.step_index], set_=values
-        )
-        conn.execute(upsert)
+        self._upsert_step_row(conn, _STEPS, key, record.step_index, values)
         conn.execute(
-            update(trajectories)
-            .where(trajectories.c.key == key, trajectories.c.turns < record.step_index + 1)
+            update(_TRAJECTORIES)
+            .where(_TRAJECTORIES.c.key == key, _TRAJECTORIES.c.turns < record.step_index + 1)
             .values(turns=record.step_index + 1)
         )
 
