@@ -17,7 +17,6 @@ hidden test. A file is checked whole before anything starts; the first bad line 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle.errors import InputError
+from heddle.jsonl import json_lines
 
 # The tools a task may name (the tool workers' registry serves exactly these).
 TASK_TOOLS = ("calculator", "python", "search")
@@ -80,44 +80,42 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def _fail(path: str, line: int, name: str | None, message: str) -> TaskError:
-    return TaskError(path, line, name, message)
-
-
 def _text(obj: dict[str, Any], name: str, where: str, path: str, line: int) -> str:
     value = obj.get(name)
     if not isinstance(value, str) or not value.strip():
-        raise _fail(path, line, f"{where}{name}", f"must be a non-empty string, got {value!r}")
+        raise TaskError(path, line, f"{where}{name}", f"must be a non-empty string, got {value!r}")
     return value
 
 
 def _number(value: Any, name: str, path: str, line: int) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _fail(path, line, name, f"must be a finite number, got {value!r}")
+        raise TaskError(path, line, name, f"must be a finite number, got {value!r}")
     return float(value)
 
 
 def _messages(prompt: Any, path: str, line: int) -> tuple[Message, ...]:
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise _fail(path, line, "prompt", "must not be empty")
+            raise TaskError(path, line, "prompt", "must not be empty")
         return (Message("user", prompt),)
     if not isinstance(prompt, list) or not prompt:
-        raise _fail(path, line, "prompt", "must be a string or a non-empty list of messages")
+        raise TaskError(path, line, "prompt", "must be a string or a non-empty list of messages")
     messages = []
     for i, m in enumerate(prompt):
         where = f"prompt[{i}]"
         if not isinstance(m, dict):
-            raise _fail(path, line, where, "must be a JSON object with role and content")
+            raise TaskError(path, line, where, "must be a JSON object with role and content")
         unknown = sorted(set(m) - {"role", "content"})
         if unknown:
-            raise _fail(path, line, f"{where}.{unknown[0]}", "is not a message field")
+            raise TaskError(path, line, f"{where}.{unknown[0]}", "is not a message field")
         role = m.get("role")
         if role not in ROLES:
-            raise _fail(path, line, f"{where}.role", f"must be one of {list(ROLES)}, got {role!r}")
+            raise TaskError(
+                path, line, f"{where}.role", f"must be one of {list(ROLES)}, got {role!r}"
+            )
         messages.append(Message(role, _text(m, "content", f"{where}.", path, line)))
     if messages[-1].role != "user":
-        raise _fail(
+        raise TaskError(
             path, line, f"prompt[{len(messages) - 1}].role", "the last message must be the user's"
         )
     return tuple(messages)
@@ -125,43 +123,49 @@ def _messages(prompt: Any, path: str, line: int) -> tuple[Message, ...]:
 
 def _verifier(obj: Any, path: str, line: int) -> Verifier:
     if not isinstance(obj, dict):
-        raise _fail(path, line, "verifier", "must be a JSON object with a kind")
+        raise TaskError(path, line, "verifier", "must be a JSON object with a kind")
     kind = obj.get("kind")
     if kind not in VERIFIER_KINDS:
-        raise _fail(
+        raise TaskError(
             path, line, "verifier.kind", f"must be one of {list(VERIFIER_KINDS)}, got {kind!r}"
         )
     required, optional = _VERIFIER_FIELDS[kind]
     unknown = sorted(set(obj) - required - optional - {"kind"})
     if unknown:
-        raise _fail(path, line, f"verifier.{unknown[0]}", f"is not a field of a {kind} verifier")
+        raise TaskError(
+            path, line, f"verifier.{unknown[0]}", f"is not a field of a {kind} verifier"
+        )
     for name in sorted(required):
         if name not in obj:
-            raise _fail(path, line, f"verifier.{name}", f"is required for a {kind} verifier")
+            raise TaskError(path, line, f"verifier.{name}", f"is required for a {kind} verifier")
     if kind == "numeric":
         tolerance = _number(obj.get("tolerance", 1e-6), "verifier.tolerance", path, line)
         if tolerance < 0:
-            raise _fail(path, line, "verifier.tolerance", "must be >= 0")
+            raise TaskError(path, line, "verifier.tolerance", "must be >= 0")
         return Verifier(kind, answer=_number(obj["answer"], "verifier.answer", path, line),
                         tolerance=tolerance)  # fmt: skip
     if kind == "exact":
         sensitive = obj.get("case_sensitive", False)
         if not isinstance(sensitive, bool):
-            raise _fail(path, line, "verifier.case_sensitive", "must be true or false")
+            raise TaskError(path, line, "verifier.case_sensitive", "must be true or false")
         return Verifier(kind, answer=_text(obj, "answer", "verifier.", path, line),
                         case_sensitive=sensitive)  # fmt: skip
     if kind == "unit_tests":
         entry = _text(obj, "entry_point", "verifier.", path, line)
         if not entry.isidentifier():
-            raise _fail(path, line, "verifier.entry_point", f"must be a Python name, got {entry!r}")
+            raise TaskError(
+                path, line, "verifier.entry_point", f"must be a Python name, got {entry!r}"
+            )
         tests = _text(obj, "tests", "verifier.", path, line)
         try:
             compile(tests, f"{path}:{line}:verifier.tests", "exec")
         except SyntaxError as exc:
-            raise _fail(path, line, "verifier.tests", f"is not valid Python: {exc.msg}") from exc
+            raise TaskError(
+                path, line, "verifier.tests", f"is not valid Python: {exc.msg}"
+            ) from exc
         timeout = _number(obj.get("timeout_s", 10.0), "verifier.timeout_s", path, line)
         if timeout <= 0:
-            raise _fail(path, line, "verifier.timeout_s", "must be > 0")
+            raise TaskError(path, line, "verifier.timeout_s", "must be > 0")
         return Verifier(kind, entry_point=entry, tests=tests, timeout_s=timeout)
     if kind == "qa":
         answers = obj["answers"]
@@ -170,52 +174,54 @@ def _verifier(obj: Any, path: str, line: int) -> Verifier:
             or not answers
             or not all(isinstance(a, str) and a.strip() for a in answers)
         ):
-            raise _fail(path, line, "verifier.answers", "must be a non-empty list of strings")
+            raise TaskError(path, line, "verifier.answers", "must be a non-empty list of strings")
         metric = obj.get("metric", "exact_match")
         if metric not in QA_METRICS:
-            raise _fail(
+            raise TaskError(
                 path, line, "verifier.metric", f"must be one of {list(QA_METRICS)}, got {metric!r}"
             )
         return Verifier(kind, answers=tuple(answers), metric=metric)
     import_path = _text(obj, "import_path", "verifier.", path, line)
     module, _, function = import_path.partition(":")
     if not module or not function.isidentifier():
-        raise _fail(
+        raise TaskError(
             path, line, "verifier.import_path", f"must be 'module:function', got {import_path!r}"
         )
     params = obj.get("params", {})
     if not isinstance(params, dict):
-        raise _fail(path, line, "verifier.params", "must be a JSON object")
+        raise TaskError(path, line, "verifier.params", "must be a JSON object")
     return Verifier(kind, import_path=import_path, params=params)
 
 
 def parse_task(obj: Any, *, path: str, line: int) -> Task:
     """Validate one decoded task line."""
     if not isinstance(obj, dict):
-        raise _fail(path, line, None, "a task line must be a JSON object")
+        raise TaskError(path, line, None, "a task line must be a JSON object")
     unknown = sorted(set(obj) - _TOP_FIELDS)
     if unknown:
-        raise _fail(path, line, unknown[0], "is not a task field")
+        raise TaskError(path, line, unknown[0], "is not a task field")
     for required in ("task_id", "workload", "prompt", "verifier"):
         if required not in obj:
-            raise _fail(path, line, required, "is required")
+            raise TaskError(path, line, required, "is required")
     task_id = _text(obj, "task_id", "", path, line)
     workload = obj["workload"]
     if workload not in WORKLOADS:
-        raise _fail(path, line, "workload", f"must be one of {list(WORKLOADS)}, got {workload!r}")
+        raise TaskError(
+            path, line, "workload", f"must be one of {list(WORKLOADS)}, got {workload!r}"
+        )
     tools = obj.get("tools", [])
     if not isinstance(tools, list):
-        raise _fail(path, line, "tools", "must be a list of tool names")
+        raise TaskError(path, line, "tools", "must be a list of tool names")
     for i, tool in enumerate(tools):
         if tool not in TASK_TOOLS:
-            raise _fail(
+            raise TaskError(
                 path, line, f"tools[{i}]", f"must be one of {list(TASK_TOOLS)}, got {tool!r}"
             )
     if len(set(tools)) != len(tools):
-        raise _fail(path, line, "tools", "names a tool twice")
+        raise TaskError(path, line, "tools", "names a tool twice")
     metadata = obj.get("metadata", {})
     if not isinstance(metadata, dict):
-        raise _fail(path, line, "metadata", "must be a JSON object")
+        raise TaskError(path, line, "metadata", "must be a JSON object")
     return Task(
         task_id=task_id,
         workload=workload,
@@ -229,21 +235,9 @@ def parse_task(obj: Any, *, path: str, line: int) -> Task:
 def load_tasks(path: str | Path) -> list[Task]:
     """Read and validate a whole task file; raise `TaskError` at the first bad line."""
     path_str = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TaskError(path_str, None, None, f"cannot be read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise TaskError(path_str, None, None, "is not UTF-8 text") from exc
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TaskError(path_str, line_no, None, f"is not valid JSON: {exc.msg}") from exc
+    for line_no, obj in json_lines(path, TaskError):
         task = parse_task(obj, path=path_str, line=line_no)
         if task.task_id in seen:
             raise TaskError(

@@ -6,13 +6,13 @@ A trace is validated whole before anything uses it: the first bad line raises a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from heddle.errors import TraceError
+from heddle.jsonl import json_lines
 from heddle.types import TOOL_STATUSES, StepSpec, TrajectorySpec
 
 _TOP_FIELDS = {
@@ -177,28 +177,17 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
 def load_trace(path: str | Path) -> list[TraceRecord]:
     """Read and validate a whole trace; raise `TraceError` at the first bad line."""
     path_str = str(path)
-    try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise TraceError(path_str, None, None, f"cannot be read: {exc.strerror}") from exc
     records: list[TraceRecord] = []
     seen: dict[str, int] = {}
-    with handle:
-        for line_no, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(path_str, line_no, None, f"is not valid JSON: {exc.msg}") from exc
-            record = parse_line(obj, path=path_str, line=line_no)
-            tid = record.spec.trajectory_id
-            if tid in seen:
-                raise TraceError(
-                    path_str, line_no, "trajectory_id", f"{tid!r} repeats line {seen[tid]}"
-                )
-            seen[tid] = line_no
-            records.append(record)
+    for line_no, obj in json_lines(path, TraceError):
+        record = parse_line(obj, path=path_str, line=line_no)
+        tid = record.spec.trajectory_id
+        if tid in seen:
+            raise TraceError(
+                path_str, line_no, "trajectory_id", f"{tid!r} repeats line {seen[tid]}"
+            )
+        seen[tid] = line_no
+        records.append(record)
     if not records:
         raise TraceError(path_str, None, None, "holds no trajectory")
     return records

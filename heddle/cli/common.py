@@ -4,8 +4,9 @@ the options several commands take, and how a cluster and a store are found."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -33,6 +34,7 @@ ModelOpt = Annotated[
 ]
 
 # Two vLLM instances with batches a CPU runs (examples/cluster-cpu.yaml says the same).
+T = TypeVar("T")
 CPU_CLUSTER = ClusterConfig(num_gpus=2, max_num_seqs=32, max_num_batched_tokens=4096)
 
 
@@ -40,6 +42,15 @@ def fail(message: str) -> typer.Exit:
     """A user's mistake: one `error:` line and exit status 2 (raise what this returns)."""
     err.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code=2)
+
+
+def load_or_fail(load: Callable[[Path], T], path: Path) -> T:
+    """A user's file through its loader (a trace, a task set); a bad one is the loader's
+    error, naming file, line and field, as one `error:` line."""
+    try:
+        return load(path)
+    except InputError as exc:
+        raise fail(str(exc)) from None
 
 
 def cluster_config(

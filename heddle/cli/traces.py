@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from heddle.cli.common import console, fail
-from heddle.errors import InputError
+from heddle.cli.common import console, fail, load_or_fail
 
 app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
 
@@ -45,26 +44,20 @@ def trace_gen(
     console.print(f"wrote {len(records)} trajectories, {tokens:,} tokens to generate, to {out}")
 
 
-def _load_or_fail(path: Path) -> list[Any]:
-    from heddle.trace import load_trace
-
-    try:
-        return load_trace(path)
-    except InputError as exc:
-        raise fail(str(exc)) from None
-
-
 @app.command("stats")
 def trace_stats_cmd(path: Path) -> None:
     """Token, turn, group-variance and tool statistics of a trace, as JSON."""
+    from heddle.trace import load_trace
     from heddle.tracestats import trace_stats
 
-    records = _load_or_fail(path)
+    records = load_or_fail(load_trace, path)
     console.print_json(json.dumps(trace_stats([r.spec for r in records])))
 
 
 @app.command("validate")
 def trace_validate(path: Path) -> None:
     """Check a trace; print the first error with its file, line and field."""
-    records = _load_or_fail(path)
+    from heddle.trace import load_trace
+
+    records = load_or_fail(load_trace, path)
     console.print(f"{path}: {len(records)} trajectories, valid")
