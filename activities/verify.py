@@ -26,6 +26,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _CODE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def parse_number(text: str) -> float | None:
 
 def normalize(text: str) -> str:
     """SQuAD's answer normalisation: lower case, no punctuation, articles or extra space."""
-    text = "".join(c for c in text.lower() if c not in set(string.punctuation))
+    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 

@@ -10,6 +10,7 @@ mean, over the group's standard deviation (none for a group whose rewards are al
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -36,17 +37,7 @@ class TrainingSample:
 
     def row(self) -> dict[str, Any]:
         """The sample as one row of an export (JSON Lines or Parquet)."""
-        return {
-            "trajectory_id": self.trajectory_id,
-            "group_id": self.group_id,
-            "token_ids": self.token_ids,
-            "logprobs": self.logprobs,
-            "loss_mask": self.loss_mask,
-            "reward": self.reward,
-            "advantage": self.advantage,
-            "finish_reason": self.finish_reason,
-            "weight_versions": self.weight_versions,
-        }
+        return dataclasses.asdict(self)
 
 
 def assemble(turns: list[TurnRecord]) -> tuple[list[int], list[float], list[int]]:
@@ -128,5 +119,5 @@ def write_export(samples: list[TrainingSample], path: str, fmt: str) -> None:
     except ImportError as exc:
         raise RuntimeError("a parquet export needs pyarrow: pip install 'heddle[export]'") from exc
     rows = [s.row() for s in samples]
-    columns = list(TrainingSample.__dataclass_fields__)
+    columns = [f.name for f in dataclasses.fields(TrainingSample)]
     pq.write_table(pa.table({c: [r[c] for r in rows] for c in columns}), path)
