@@ -18,10 +18,11 @@ from collections.abc import Callable
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agent import AgentTurns
 from activities.heartbeat import heartbeating
 from engines.core import RequestTooLarge
 from engines.pool import Engine, EnginePool
-from engines.request import EngineRequest
+from engines.request import EngineRequest, Sampling
 from engines.simulated import EngineResult
 from engines.vllm import EngineDead
 from heddle import activity_names as names
@@ -39,8 +40,10 @@ class EngineActivities:
         on_dead: Callable[[str], None] | None = None,
         pool: EnginePool | None = None,
         service: SchedulerService | None = None,
+        agent: AgentTurns | None = None,
     ) -> None:
         self.engine = engine
+        self.agent = agent  # the host's agent turns (vLLM engines only)
         self.on_dead = on_dead  # the host stops offering the instance before the retry
         self.pool = pool  # the host's other instances, where a stopped decode goes on
         self.service = service  # the host's scheduler: the lean path's books
@@ -49,6 +52,8 @@ class EngineActivities:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one step. A retried attempt resumes from the tokens its predecessor
         heartbeated: those are already part of the context."""
+        if request.agent is not None:
+            return await self._agent_turn(request)
         info = activity.info()
         resumed = int(info.heartbeat_details[0]) if info.heartbeat_details else 0
         resumed = min(resumed, request.max_new_tokens)
@@ -111,6 +116,83 @@ class EngineActivities:
             wait_left_s=await self._tool_wait(request.then_wait_s, made) if done else 0.0,
         )
 
+    async def _agent_turn(self, request: GenerateRequest) -> GenerateResult:
+        """One model turn of an agent trajectory: sampled on this instance (or, stopped
+        mid-decode by the scheduler, continued on another from the exact tokens made),
+        then parsed and stored by the host's `AgentTurns`. A retried turn starts over."""
+        if self.agent is None:
+            raise ApplicationError(
+                "this engine host runs no model for agent turns (simulated engines)",
+                type="NoAgentModel", non_retryable=True,
+            )  # fmt: skip
+        agent = request.agent
+        assert agent is not None
+        info = activity.info()
+        turn = await self.agent.prepare(request)
+        lean = request.decided is not None and self.pool is not None
+        engine = self.engine
+        if lean and request.move_from:
+            await self._move(request.trajectory_id, request.move_from, engine.instance_id)
+        sampling = Sampling(agent.temperature, agent.top_p, agent.seed)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish, first, result = "context", None, None
+        base = 0
+
+        def on_progress(tokens: int) -> None:
+            nonlocal made
+            made = base + tokens
+
+        made = 0
+        try:
+            async with heartbeating(lambda: made):
+                while len(ids) < turn.max_new_tokens:
+                    engine_request = EngineRequest(
+                        request_id=f"{request.request_id}#{info.attempt}+{len(ids)}",
+                        prefix_key=request.trajectory_id,
+                        context_tokens=len(turn.prompt) + len(ids),
+                        max_new_tokens=turn.max_new_tokens - len(ids),
+                        priority=request.priority,
+                        sampling=sampling,
+                        prompt_ids=turn.prompt + ids,
+                    )
+                    result = await self._run(
+                        engine, engine_request, len(ids), request.trajectory_id, on_progress
+                    )
+                    first = first or result
+                    ids += result.output_ids
+                    logprobs += result.output_logprobs
+                    base = made = len(ids)
+                    finish = result.finish_reason or "length"
+                    target = result.moved_to
+                    if result.finish_reason or not target:
+                        break
+                    # Stopped mid-decode to move: the rest is sampled from the ids made.
+                    if lean and self.pool is not None and target in self.pool.engines:
+                        self._report(request, engine.instance_id)
+                        await self._move(request.trajectory_id, engine.instance_id, target)
+                        engine = self.pool[target]
+        finally:
+            if lean:
+                self._report(request, engine.instance_id)
+        outcome = await self.agent.finish(request, turn, ids, logprobs, finish)
+        now = time.time()
+        before_tool = bool(outcome.calls)
+        next_instance = ""
+        if lean and before_tool:
+            next_instance = self._anticipate(request, engine.instance_id, len(ids))
+        return GenerateResult(
+            instance_id=engine.instance_id,
+            output_tokens=len(ids),
+            cached_tokens=first.cached_tokens if first else 0,
+            queued_s=first.queued_s if first else 0.0,
+            started_at=first.started_at if first else now,
+            finished_at=result.finished_at if result else now,
+            attempt=info.attempt,
+            next_instance=next_instance,
+            turn=outcome,
+        )
+
     async def _tool_wait(self, seconds: float, made: int) -> float:
         """Wait out the replayed tool that follows the step, heartbeating (a lost worker
         is noticed within the heartbeat timeout). Cut short when this worker stops (its
@@ -143,10 +225,22 @@ class EngineActivities:
             max_new_tokens=request.max_new_tokens - made,
             priority=request.priority,
         )
+        return await self._run(engine, engine_request, made, request.trajectory_id, on_progress)
+
+    async def _run(
+        self,
+        engine: Engine,
+        engine_request: EngineRequest,
+        made: int,
+        trajectory_id: str,
+        on_progress: Callable[[int], None],
+    ) -> EngineResult:
+        """One engine request, its failures as the workflow reads them."""
+        request = engine_request
         if self.pool is not None:
-            await self.pool.settled(request.trajectory_id)  # a move still under way
+            await self.pool.settled(trajectory_id)  # a move still under way
         try:
-            return await engine.generate(engine_request, on_progress)
+            return await engine.generate(request, on_progress)
         except RequestTooLarge as exc:
             # No retry can make it fit; the trajectory fails, the batch goes on.
             raise ApplicationError(str(exc), type="RequestTooLarge", non_retryable=True) from exc

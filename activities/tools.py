@@ -7,12 +7,17 @@ import time
 
 from temporalio import activity
 
+from activities.agent import observation_ref
 from activities.heartbeat import heartbeating
 from activities.toolkit.base import ToolRegistry, count_tokens
+from activities.verify import verify
 from heddle import activity_names as names
 from heddle.store import TrajectoryStore
-from heddle.store.db import trajectory_key
-from heddle.types import RewardRequest, ToolRequest, ToolResult
+from heddle.types import RewardRequest, ToolRequest, ToolResult, Verdict, VerifyRequest
+
+# A verifier gets this long beyond its own (unit tests') timeout before its reward is an
+# error: a custom verifier that hangs must not hold the batch.
+VERIFY_GRACE_S = 30.0
 
 
 class ToolActivities:
@@ -43,7 +48,9 @@ class ToolActivities:
             tool_input = await asyncio.to_thread(self.store.get_text, request.tool_input_ref)
         observation = await self.registry.call(request.tool, tool_input)
         elapsed = time.monotonic() - started
-        ref = f"{trajectory_key(request.batch_id, request.trajectory_id)}/obs/{request.step_index}"
+        ref = observation_ref(
+            request.batch_id, request.trajectory_id, request.step_index, request.call_index
+        )
         await asyncio.to_thread(self.store.put_text, ref, observation.text)
         return ToolResult(
             status=observation.status,
@@ -64,3 +71,21 @@ class ToolActivities:
             return recorded
         ok_tool = request.last_tool_status in (None, "ok")
         return 1.0 if request.finish_reason == "answer" and ok_tool else 0.0
+
+    @activity.defn(name=names.VERIFY)
+    async def verify(self, request: VerifyRequest) -> Verdict:
+        """An agent trajectory's reward: its task's verifier on its final turn. A
+        verifier that crashes or times out is a verdict with an error, never a failure."""
+        task = await asyncio.to_thread(self.store.get_task, request.batch_id, request.task_id)
+        turns = await asyncio.to_thread(
+            self.store.load_turns, request.batch_id, request.trajectory_id
+        )
+        stored = turns.get(request.trajectory_id, [])
+        if request.finish_reason != "answer" or not stored:
+            return Verdict(0.0, f"no final answer ({request.finish_reason})")
+        limit = task.verifier.timeout_s + VERIFY_GRACE_S
+        async with heartbeating():
+            try:
+                return await asyncio.wait_for(verify(task.verifier, stored[-1].text), limit)
+            except TimeoutError:
+                return Verdict(0.0, "the verifier failed", error=f"timed out after {limit:g} s")

@@ -16,24 +16,17 @@ import re
 import secrets
 import string
 from collections import Counter
-from dataclasses import dataclass
 
 from activities.toolkit.python_exec import PythonSandbox
 from heddle.tasks import Verifier
 from heddle.toolcalls import final_answer
+from heddle.types import Verdict
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _CODE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    reward: float
-    reason: str
-    error: str = ""  # the verifier failed (crash, timeout): not the model's doing
 
 
 def parse_number(text: str) -> float | None:

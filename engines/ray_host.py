@@ -14,7 +14,8 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from engines.vllm import EngineDead, LocalVllm, VllmSettings
+from engines.request import Sampling
+from engines.vllm import EngineDead, LocalVllm, StreamPart, VllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,17 @@ class VllmActor:
         return self.vllm.is_healthy
 
     async def stream(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
-    ) -> AsyncGenerator[tuple[list[int], int, float], None]:
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_new_tokens: int,
+        priority: int,
+        sampling: Sampling | None = None,
+    ) -> AsyncGenerator[tuple[StreamPart, float], None]:
         """The token stream, each part with the KV cache use after it."""
-        async for ids, cached in self.vllm.stream(request_id, prompt, max_new_tokens, priority):
-            yield ids, cached, self.vllm.kv_usage
+        parts = self.vllm.stream(request_id, prompt, max_new_tokens, priority, sampling)
+        async for part in parts:
+            yield part, self.vllm.kv_usage
 
     async def stop(self) -> None:
         await self.vllm.stop()
@@ -109,19 +116,24 @@ class RayVllm:
         ray.kill(self._actor, no_restart=True)
 
     async def stream(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
-    ) -> AsyncGenerator[tuple[list[int], int], None]:
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_new_tokens: int,
+        priority: int,
+        sampling: Sampling | None = None,
+    ) -> AsyncGenerator[StreamPart, None]:
         from ray.exceptions import RayActorError, RayTaskError
 
         if self._actor is None:
             raise EngineDead(self.instance_id, 0)
         refs = self._actor.stream.options(num_returns="streaming").remote(
-            request_id, prompt, max_new_tokens, priority
+            request_id, prompt, max_new_tokens, priority, sampling
         )
         try:
             async for ref in refs:
-                ids, cached, self.kv_usage = await ref
-                yield ids, cached
+                part, self.kv_usage = await ref
+                yield part
         except (RayActorError, RayTaskError) as exc:
             self._dead = True
             raise EngineDead(self.instance_id, 0) from exc

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How an agent turn samples. A replayed trace step has none: it makes exactly its
+    recorded token count."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None  # per turn, so a turn started over samples the same again
 
 
 @dataclass(eq=False)
@@ -15,6 +25,10 @@ class EngineRequest:
     max_new_tokens: int
     priority: int = 0
     arrival_seq: int = 0
+    # An agent turn: its context as token ids (the host's renderer made them), sampled
+    # until the end-of-turn token or `max_new_tokens`.
+    sampling: Sampling | None = None
+    prompt_ids: list[int] = field(default_factory=list)
     # Progress. KV held = num_computed_tokens; generation starts once the context is in.
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.core import EngineCore
 from engines.request import EngineRequest
@@ -34,6 +34,11 @@ class EngineResult:
     started_at: float
     finished_at: float
     moved_to: str = ""  # stopped mid-decode to continue on another instance
+    # A sampled (agent) turn: the ids the model made, the log-prob of each, and why it
+    # stopped (vLLM's `stop` at the end-of-turn token, `length` at the budget).
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
 
 
 class _Pending:

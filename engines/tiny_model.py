@@ -17,6 +17,29 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen2.5's template, reduced: the offered tools as function schemas in the system turn,
+# tool results as a user turn in <tool_response> tags. The taught model (`heddle/teach.py`)
+# learns it; the agent loop renders every context with it (`engines/chat.py`).
+AGENT_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% else %}You are a helpful assistant.{% endif %}\n\n# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% elif message['role'] != 'system' %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _TEXT = (
     "def return import class self for while if else try except tool call search python "
@@ -42,8 +65,16 @@ def _corpus(lines: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 24))) for _ in range(lines)]
 
 
-def build_tiny_model(out: Path, shape: TinyModelShape | None = None, seed: int = 0) -> Path:
-    """Write tokenizer and random bfloat16 weights to `out`; returns `out`."""
+def build_tiny_model(
+    out: Path,
+    shape: TinyModelShape | None = None,
+    seed: int = 0,
+    *,
+    corpus: list[str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Path:
+    """Write tokenizer and random bfloat16 weights to `out`; returns `out`. The tokenizer
+    is trained on `corpus` (by default, a generated word salad)."""
     # Heavy imports here: the rest of Heddle runs without the real-engine extra.
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -59,14 +90,14 @@ def build_tiny_model(out: Path, shape: TinyModelShape | None = None, seed: int =
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    bpe.train_from_iterator(_corpus(2000, seed), trainer=trainer)
+    bpe.train_from_iterator(corpus or _corpus(2000, seed), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         bos_token=None,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)

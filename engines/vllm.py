@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-from engines.request import EngineRequest
+from engines.request import EngineRequest, Sampling
 from engines.simulated import EngineResult
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,43 @@ def replay_params(tokens: int, *, detokenize: bool = False) -> Any:
     )
 
 
+def sampled_params(tokens: int, sampling: Sampling) -> Any:
+    """vLLM sampling parameters of an agent turn: sampled until the model's end-of-turn
+    token (its EOS) or `tokens`, each token's log-prob returned (the sampled token's
+    only: `logprobs=0`), streamed as deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        logprobs=0,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=False,
+    )
+
+
+@dataclass
+class StreamPart:
+    """What a vLLM stream yields: the new token ids, the prompt tokens found in the
+    prefix cache, and for a sampled turn each new token's log-prob and, at the end, why
+    it stopped."""
+
+    ids: list[int]
+    cached: int
+    logprobs: list[float]
+    finish_reason: str = ""
+
+
+def _sampled_logprobs(ids: list[int], logprobs: Any) -> list[float]:
+    """The log-prob of each sampled id, from vLLM's per-position dicts."""
+    if logprobs is None:
+        return []
+    return [float(pos[tok].logprob) for tok, pos in zip(ids, logprobs, strict=True)]
+
+
 def engine_nice(nice: int | None) -> int:
     """The niceness engines run at: `nice`, or by default 10 on vLLM's CPU build."""
     from vllm.platforms import current_platform
@@ -295,20 +332,35 @@ class LocalVllm:
                 await asyncio.to_thread(llm.shutdown)
 
     async def stream(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
-    ) -> AsyncGenerator[tuple[list[int], int], None]:
-        """Generate exactly `max_new_tokens` after `prompt`: yields (new token ids, prompt
-        tokens found in the prefix cache). Closing it early aborts the request."""
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_new_tokens: int,
+        priority: int,
+        sampling: Sampling | None = None,
+    ) -> AsyncGenerator[StreamPart, None]:
+        """Generate after `prompt`: exactly `max_new_tokens` (a replayed step), or sampled
+        as `sampling` says. Closing it early aborts the request."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._llm is None:
             raise EngineDead(self.instance_id, 0)
-        params = replay_params(max_new_tokens)
+        if sampling is None:
+            params = replay_params(max_new_tokens)
+        else:
+            params = sampled_params(max_new_tokens, sampling)
         try:
             async for out in self._llm.generate(
                 {"prompt_token_ids": prompt}, params, request_id, priority=priority
             ):
-                yield list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
+                made = out.outputs[0]
+                ids = list(made.token_ids)
+                yield StreamPart(
+                    ids,
+                    int(out.num_cached_tokens or 0),
+                    _sampled_logprobs(ids, made.logprobs) if sampling else [],
+                    str(made.finish_reason or ""),
+                )
         except EngineDeadError as exc:
             raise EngineDead(self.instance_id, 0) from exc
 
@@ -329,8 +381,13 @@ class VllmBackend(Protocol):
     async def stop(self) -> None: ...
 
     def stream(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, priority: int
-    ) -> AsyncGenerator[tuple[list[int], int], None]: ...
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_new_tokens: int,
+        priority: int,
+        sampling: Sampling | None = None,
+    ) -> AsyncGenerator[StreamPart, None]: ...
 
 
 class VllmEngine:
@@ -374,21 +431,34 @@ class VllmEngine:
     ) -> EngineResult:
         """Run one LLM step to completion; `on_progress(tokens)` as tokens are made."""
         tid = request.prefix_key
-        prompt = self.sessions.context(tid, request.context_tokens)
+        sampled = request.sampling is not None
+        if sampled:  # an agent turn: its context is the ids the host rendered
+            prompt = request.prompt_ids
+        else:
+            prompt = self.sessions.context(tid, request.context_tokens)
         added_at = time.time()
         started_at = 0.0
         cached = 0
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish_reason = ""
         self._running[request.request_id] = request
         stream = self.backend.stream(
-            request.request_id, prompt, request.max_new_tokens, request.priority
-        )
+            request.request_id, prompt, request.max_new_tokens, request.priority,
+            request.sampling,
+        )  # fmt: skip
         try:
-            async for new_ids, cached_now in stream:
+            async for part in stream:
                 if not started_at:
-                    started_at, cached = time.time(), cached_now
-                self.sessions.extend(tid, new_ids)
-                request.num_output_tokens += len(new_ids)
-                if on_progress is not None and new_ids:
+                    started_at, cached = time.time(), part.cached
+                if sampled:
+                    ids += part.ids
+                    logprobs += part.logprobs
+                    finish_reason = part.finish_reason or finish_reason
+                else:
+                    self.sessions.extend(tid, part.ids)
+                request.num_output_tokens += len(part.ids)
+                if on_progress is not None and part.ids:
                     on_progress(request.num_output_tokens)
                 if request.request_id in self._moves:
                     break
@@ -407,6 +477,9 @@ class VllmEngine:
             started_at=started_at or added_at,
             finished_at=time.time(),
             moved_to=moved_to,
+            output_ids=ids,
+            output_logprobs=logprobs,
+            finish_reason=finish_reason,
         )
 
     def running_decodes(self) -> list[EngineRequest]:

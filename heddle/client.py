@@ -23,9 +23,17 @@ from heddle.queues import control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
+from heddle.tasks import Task, load_tasks, prompt_tokens
 from heddle.trace import TraceRecord, load_trace
 from heddle.training import TrainingSample, training_batch
-from heddle.types import BatchInput, BatchReport, ClusterPlan, PlanChange, RolloutOptions
+from heddle.types import (
+    BatchInput,
+    BatchReport,
+    ClusterPlan,
+    PlanChange,
+    RolloutOptions,
+    TrajectorySpec,
+)
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
 from scheduler.start_order import longest_expected_first
@@ -37,6 +45,24 @@ log = logging.getLogger(__name__)
 TOOL_MODES = ("replay", "real")
 # The most trajectories of the earlier batch read to order a batch's starts.
 MAX_HISTORY = 1_000_000
+
+
+def agent_records(tasks: list[Task], samples: int) -> list[TraceRecord]:
+    """`samples` agent trajectories per task, each task's samples one GRPO group."""
+    return [
+        TraceRecord(
+            TrajectorySpec(
+                trajectory_id=f"{task.task_id}.{k}",
+                group_id=task.task_id,
+                prompt_tokens=prompt_tokens(task),
+                steps=(),
+                workload=task.workload,
+                task_id=task.task_id,
+            )
+        )
+        for task in tasks
+        for k in range(samples)
+    ]
 
 
 def new_batch_id() -> str:
@@ -110,19 +136,31 @@ class HeddleClient:
         trace: str | Path | None = None,
         records: list[TraceRecord] | None = None,
         spec: BatchSpec | None = None,
+        tasks: str | Path | list[Task] | None = None,
+        samples: int = 1,
         options: RolloutOptions | None = None,
         batch_id: str | None = None,
     ) -> RolloutHandle:
         """Validate the input and options, store the batch, then start its workflow.
 
-        The batch comes from a trace file, from trace records, or from a batch spec (a
-        synthetic workload). A bad trace raises `TraceError` before the store or Temporal
-        is touched.
+        The batch comes from a trace file, from trace records, from a batch spec (a
+        synthetic workload), or from tasks (a task file or list): `samples` agent
+        trajectories of each, which the model writes. A bad trace or task file raises
+        `TraceError` or `TaskError` before the store or Temporal is touched.
         """
-        if sum(x is not None for x in (trace, records, spec)) != 1:
-            raise ValueError("pass exactly one of trace=, records= or spec=")
+        if sum(x is not None for x in (trace, records, spec, tasks)) != 1:
+            raise ValueError("pass exactly one of trace=, records=, spec= or tasks=")
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
         source = "records"
-        if trace is not None:
+        task_list: list[Task] = []
+        if tasks is not None:
+            if isinstance(tasks, list):
+                task_list, source = tasks, "tasks"
+            else:
+                task_list, source = await asyncio.to_thread(load_tasks, tasks), str(tasks)
+            records = agent_records(task_list, samples)
+        elif trace is not None:
             records = await asyncio.to_thread(load_trace, trace)
             source = str(trace)
         elif spec is not None:
@@ -155,6 +193,7 @@ class HeddleClient:
                 options=options,
                 source=source,
                 created_at=time.time(),
+                tasks=task_list,
             )
         )
         handle = await self.temporal.start_workflow(

@@ -20,9 +20,12 @@ from heddle.bench import BenchResult
 from heddle.types import BatchReport, ClusterPlan
 
 
-def rollout_table(report: BatchReport, ui_url: str | None = None) -> Table:
+def rollout_table(
+    report: BatchReport, ui_url: str | None = None, outcomes: dict[str, Any] | None = None
+) -> Table:
     """A finished batch: its counts, makespan (cluster time and wall), throughput and
-    completion-time quantiles, and where the Temporal UI lists its trajectories."""
+    completion-time quantiles, its rewards and tool calls (`outcomes`: the store's
+    `batch_outcomes`), and where the Temporal UI lists its trajectories."""
     r = dataclasses.asdict(report)
     table = Table(title=f"rollout {r['batch_id']}", show_header=False)
     quantiles = " / ".join(f"{r['completion_s'][k]:.1f}" for k in ("p50", "p90", "p99", "max"))
@@ -35,6 +38,18 @@ def rollout_table(report: BatchReport, ui_url: str | None = None) -> Table:
         ("throughput", f"{r['throughput_tok_s']:,.0f} tokens/s"),
         ("completion p50/p90/p99/max", quantiles + " s"),
     ]  # fmt: skip
+    if outcomes is not None:
+        o = outcomes
+        if o["mean_reward"] is not None:
+            rows.append(
+                ("mean reward / pass rate", f"{o['mean_reward']:.3f} / {o['pass_rate']:.1%}")
+            )
+        rows.append(("tool calls", f"{o['tool_calls']:,}"))
+        rows.append(
+            ("finish reasons", ", ".join(f"{k} {v}" for k, v in o["finish_reasons"].items()))
+        )
+        if o["reward_errors"]:
+            rows.append(("verifier errors", str(o["reward_errors"])))
     for k, v in rows:
         table.add_row(k, str(v))
     if ui_url:

@@ -290,3 +290,14 @@ def task_stats(tasks: list[Task]) -> dict[str, Any]:
             "max": chars[-1],
         },
     }
+
+
+def count_tokens(text: str) -> int:
+    """A text's tokens where no tokenizer is at hand: ~4 bytes a token (BPE average)."""
+    return max(1, (len(text.encode("utf-8")) + 3) // 4) if text else 0
+
+
+def prompt_tokens(task: Task) -> int:
+    """The prompt's tokens as the scheduler estimates them before the engine host
+    renders it (the first turn's result gives the real count)."""
+    return max(1, count_tokens("".join(m.content for m in task.messages)))

@@ -34,47 +34,63 @@ SYSTEM = (
 
 # ---- math ----------------------------------------------------------------------------
 
+# (question, the expression that answers it): the taught model's calculator call too.
 _WORD_PROBLEMS = [
     ("A baker makes {a} loaves a day for {b} days and sells {c} of them. "
-     "How many loaves are left?", lambda a, b, c: a * b - c),
+     "How many loaves are left?", "{a} * {b} - {c}"),
     ("A train travels {a} km an hour for {b} hours, then {c} km more. "
-     "How far does it travel in all, in km?", lambda a, b, c: a * b + c),
+     "How far does it travel in all, in km?", "{a} * {b} + {c}"),
     ("{a} students share {b} boxes of {c} pencils equally. How many pencils does each "
-     "student get? (The pencils divide evenly.)", lambda a, b, c: b * c // a),
+     "student get? (The pencils divide evenly.)", "{b} * {c} // {a}"),
     ("A tank holds {a} litres. It loses {b} litres an hour for {c} hours. "
-     "How many litres are left?", lambda a, b, c: a - b * c),
+     "How many litres are left?", "{a} - {b} * {c}"),
     ("A shop sells pens at {a} cents each. How many cents do {b} pens cost after a "
-     "discount of {c} cents on the whole order?", lambda a, b, c: a * b - c),
+     "discount of {c} cents on the whole order?", "{a} * {b} - {c}"),
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MathProblem:
+    question: str
+    expression: str  # what a calculator call that answers it evaluates
+    answer: int
+    kind: str  # arithmetic | word_problem
+
+
+def math_problem(rng: random.Random, k: int) -> MathProblem:
+    """The k-th problem of a stream: arithmetic on even k, a word problem on odd."""
+    if k % 2 == 0:
+        a, b, c = rng.randint(12, 999), rng.randint(2, 99), rng.randint(2, 999)
+        op1, op2 = rng.choice("+-*"), rng.choice("+-")
+        expression = f"{a} {op1} {b} {op2} {c}"
+        question = f"Compute {expression}."
+        kind = "arithmetic"
+    else:
+        template, formula = _WORD_PROBLEMS[(k // 2) % len(_WORD_PROBLEMS)]
+        a, b, c = rng.randint(3, 60), rng.randint(2, 40), rng.randint(2, 30)
+        if "share" in template:
+            b = a * rng.randint(1, 5)  # boxes a multiple of students: an even split
+            c = rng.randint(2, 12)
+        if "tank" in template:
+            a = b * c + rng.randint(5, 500)
+        question = template.format(a=a, b=b, c=c)
+        expression = formula.format(a=a, b=b, c=c)
+        kind = "word_problem"
+    answer = eval(expression)  # our own arithmetic, not input
+    return MathProblem(question, expression, answer, kind)
 
 
 def math_tasks(n: int = 120, seed: int = SEED) -> list[Task]:
     rng = random.Random(seed)
     tasks = []
     for k in range(n):
-        if k % 2 == 0:
-            a, b, c = rng.randint(12, 999), rng.randint(2, 99), rng.randint(2, 999)
-            op1, op2 = rng.choice("+-*"), rng.choice("+-")
-            question = f"Compute {a} {op1} {b} {op2} {c}."
-            answer = eval(f"{a} {op1} {b} {op2} {c}")  # our own arithmetic, not input
-            kind = "arithmetic"
-        else:
-            template, solve = _WORD_PROBLEMS[(k // 2) % len(_WORD_PROBLEMS)]
-            a, b, c = rng.randint(3, 60), rng.randint(2, 40), rng.randint(2, 30)
-            if "share" in template:
-                b = a * rng.randint(1, 5)  # boxes a multiple of students: an even split
-                c = rng.randint(2, 12)
-            if "tank" in template:
-                a = b * c + rng.randint(5, 500)
-            question = template.format(a=a, b=b, c=c)
-            answer = solve(a, b, c)
-            kind = "word_problem"
+        p = math_problem(rng, k)
         tasks.append(Task(
             task_id=f"math-{k:04d}", workload="math",
-            messages=(Message("system", SYSTEM), Message("user", question)),
+            messages=(Message("system", SYSTEM), Message("user", p.question)),
             tools=("calculator", "python"),
-            verifier=Verifier("numeric", answer=float(answer)),
-            metadata={"kind": kind},
+            verifier=Verifier("numeric", answer=float(p.answer)),
+            metadata={"kind": p.kind},
         ))  # fmt: skip
     return tasks
 

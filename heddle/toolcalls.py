@@ -20,6 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# Each task tool takes one string argument (`activities/toolkit`): its name and what the
+# chat template tells the model of it.
+TOOL_ARGUMENTS = {"calculator": "expression", "python": "code", "search": "query"}
+_DESCRIPTIONS = {
+    "calculator": ("Evaluate an arithmetic expression.", "the expression, e.g. 17 * 23"),
+    "python": ("Run Python code in a sandbox and return what it prints.", "the code to run"),
+    "search": ("Search the document collection.", "the search terms"),
+}
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 _ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
 
@@ -77,7 +85,41 @@ def _call(raw: str, closed: bool, tools: tuple[str, ...]) -> ToolCall:
         return ToolCall(
             name, arguments, raw, f"unknown tool {name!r}; available tools: {list(tools)}"
         )
+    key = TOOL_ARGUMENTS.get(name)
+    if key is not None and not isinstance(arguments.get(key), str):
+        return ToolCall(name, arguments, raw, f"{name!r} needs the string argument {key!r}")
     return ToolCall(name, arguments, raw)
+
+
+def call_input(call: ToolCall) -> str:
+    """The string a well-formed call passes its tool."""
+    return str(call.arguments[TOOL_ARGUMENTS[call.name]])
+
+
+def error_observation(call: ToolCall) -> str:
+    """What the model reads back for a call that could not run."""
+    return f"error: {call.error}"
+
+
+def tool_schemas(tools: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
+    """The offered tools as the function schemas chat templates render (OpenAI's form)."""
+    schemas = []
+    for name in tools:
+        description, argument = _DESCRIPTIONS[name]
+        key = TOOL_ARGUMENTS[name]
+        schemas.append({
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {key: {"type": "string", "description": argument}},
+                    "required": [key],
+                },
+            },
+        })  # fmt: skip
+    return schemas
 
 
 def final_answer(text: str) -> str:

@@ -37,6 +37,9 @@ class TrajectorySpec:
     prompt_tokens: int
     steps: tuple[StepSpec, ...]
     workload: str = "unknown"
+    # An agent trajectory: the task the model works on (the store keeps it, under the
+    # batch); its steps are what the model does, not a trace's.
+    task_id: str = ""
 
     @property
     def generated_tokens(self) -> int:
@@ -65,6 +68,13 @@ class RolloutOptions:
     # Wall seconds per modelled second of the stack that runs the batch (its batch
     # workflow sets it from the stack): a replayed tool waits its latency times this.
     time_scale: float = 0.0
+    # Agent trajectories: how each turn samples, its token cap, and the context limit
+    # (0: the engines' own).
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens_per_turn: int = 512
+    max_context_tokens: int = 0
 
 
 @dataclass
@@ -267,6 +277,46 @@ class GenerateRequest:
     # stack's clock, once the step is done and its books kept, so the workflow wakes
     # once a step rather than again to start a timer.
     then_wait_s: float = 0.0
+    # An agent turn: the model samples; the engine host renders its context.
+    agent: AgentTurn | None = None
+
+
+@dataclass
+class AgentTurn:
+    """What the engine host needs to run one model turn of an agent trajectory. Texts
+    travel as store keys: the workflow's history holds no long text or array."""
+
+    batch_id: str
+    task_id: str
+    # The tool results the turn reads first (the previous turn's calls, in order).
+    observation_refs: list[str] = field(default_factory=list)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_context_tokens: int = 0
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call of a model turn: parsed by the engine host, run by a tool worker."""
+
+    name: str
+    input_ref: str = ""  # store key of the call's argument; "" for a call that cannot run
+    input_chars: int = 0
+    error: str = ""  # why it cannot run (its observation says so)
+    observation_ref: str = ""
+    status: str = ""  # ok | error | timeout, once run
+    output_tokens: int = 0
+    latency_s: float = 0.0
+
+
+@dataclass
+class TurnOutcome:
+    """What a model turn did, as the workflow needs it to go on."""
+
+    finish_reason: str  # stop | length | context
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    context_tokens: int = 0  # the turn's context, tool results and prompt included
 
 
 @dataclass
@@ -288,6 +338,7 @@ class GenerateResult:
     # What is left of `then_wait_s` when the wait was cut short (its worker stopping,
     # e.g. a retired instance): the workflow waits it out.
     wait_left_s: float = 0.0
+    turn: TurnOutcome | None = None  # an agent turn's outcome
 
 
 @dataclass
@@ -301,6 +352,7 @@ class ToolRequest:
     output_tokens: int = 0
     tool_input_ref: str = ""  # store key of the call's argument
     batch_id: str = ""
+    call_index: int = 0  # of the turn's calls (an agent turn may make several)
 
 
 @dataclass
@@ -335,6 +387,7 @@ class StepRecord:
     # Attempt of the LLM step that succeeded, and tokens it took over from earlier attempts.
     attempt: int = 1
     resumed_tokens: int = 0
+    calls: list[ToolCallRecord] = field(default_factory=list)  # an agent turn's
 
 
 @dataclass
@@ -352,7 +405,8 @@ class TurnRecord:
     output_ids: list[int]
     output_logprobs: list[float]
     weight_version: int = 0
-    finish_reason: str = ""  # stop | length | tool_call | ...
+    finish_reason: str = ""  # stop | length | context
+    text: str = ""  # the turn as the conversation keeps it (without its end token)
 
 
 @dataclass
@@ -371,6 +425,25 @@ class TrajectorySummary:
     started_at: float = 0.0
     finished_at: float = 0.0
     error: str = ""
+    reward_reason: str = ""  # the verifier's, for an agent trajectory
+    reward_error: str = ""  # the verifier crashed or timed out (the reward is then 0)
+
+
+@dataclass
+class VerifyRequest:
+    batch_id: str
+    trajectory_id: str
+    task_id: str
+    finish_reason: str
+
+
+@dataclass
+class Verdict:
+    """A verifier's reward for a trajectory's answer, and why."""
+
+    reward: float
+    reason: str = ""
+    error: str = ""  # the verifier crashed, timed out or could not be imported
 
 
 @dataclass

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "heddle.bench",
             "heddle.sim",
             "heddle.tracestats",
+            "heddle.teach",
         ),
     ),
     ("runtime", ("heddle.runtime",)),

@@ -37,6 +37,10 @@ def test_well_formed_calls_are_parsed_with_their_prose() -> None:
         ('<tool_call>{"name": "browser", "arguments": {}}</tool_call>', "unknown tool 'browser'"),
         ('<tool_call>{"arguments": {}}</tool_call>', "has no name"),
         ('<tool_call>{"name": "python"}</tool_call>', "must be a JSON object"),
+        (
+            '<tool_call>{"name": "python", "arguments": {}}</tool_call>',
+            "needs the string argument 'code'",
+        ),
         ('<tool_call>["python"]</tool_call>', "must be {"),
         ('<tool_call>{"name": "python", "arguments": {}}', "no closing </tool_call>"),
     ],

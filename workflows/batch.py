@@ -313,10 +313,7 @@ async def _run_one(batch_id: str, opts: RolloutOptions, spec: TrajectorySpec) ->
                     SearchAttributePair(sa.TURN, 0),
                 ]
             ),
-            static_summary=(
-                f"{spec.trajectory_id}: {len(spec.steps)} steps, "
-                f"{spec.generated_tokens} tokens to generate ({spec.workload})"
-            ),
+            static_summary=_summary(spec),
         )
     except ChildWorkflowError as exc:
         now = workflow.now().timestamp()
@@ -333,3 +330,13 @@ async def _run_one(batch_id: str, opts: RolloutOptions, spec: TrajectorySpec) ->
             finished_at=now,
             error=str(exc.cause or exc)[:500],
         )
+
+
+def _summary(spec: TrajectorySpec) -> str:
+    """What the Temporal UI shows of a trajectory in its parent's list."""
+    if spec.task_id:
+        return f"{spec.trajectory_id}: agent on task {spec.task_id} ({spec.workload})"
+    return (
+        f"{spec.trajectory_id}: {len(spec.steps)} steps, "
+        f"{spec.generated_tokens} tokens to generate ({spec.workload})"
+    )

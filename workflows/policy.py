@@ -22,6 +22,8 @@ GENERATE_TIMEOUT = timedelta(hours=2)
 GENERATE_HEARTBEAT = timedelta(seconds=30)
 TOOL_TIMEOUT = timedelta(minutes=5)
 TOOL_HEARTBEAT = timedelta(seconds=30)
+# A verifier's own limit (unit tests' timeout, or the activity's grace) comes first.
+VERIFY_TIMEOUT = timedelta(minutes=10)
 # How often a worker sends an activity's heartbeats on (Temporal's default is 80% of the
 # heartbeat timeout: 24 s of the 30, so a worker slowed by a busy machine could time its
 # own steps out). Workers that run heartbeating activities pass this. Every running or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any
 
 from temporalio import workflow
@@ -14,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from heddle import search_attributes as sa
     from heddle.queues import control_queue, engine_queue, tools_queue
     from heddle.types import (
+        AgentTurn,
         DecideRequest,
         Decision,
         GenerateRequest,
@@ -23,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutOptions,
         StepRecord,
         StepReport,
+        ToolCallRecord,
         ToolRequest,
         ToolResult,
         TrajectoryDone,
@@ -30,6 +33,8 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryStarted,
         TrajectorySummary,
         TrajectoryView,
+        Verdict,
+        VerifyRequest,
     )
     from workflows import policy
 
@@ -92,6 +97,7 @@ class TrajectoryWorkflow:
         self._tool_in_step = False
         self._throttles_upserts = False
         self._upserted_at: float | None = None  # workflow time of the last step upsert
+        self._last_call = ""  # an agent trajectory's last tool call, for the UI
 
     @workflow.query
     def progress(self) -> dict[str, int | str]:
@@ -114,95 +120,100 @@ class TrajectoryWorkflow:
         finish_reason = "answer"
         error = ""
         try:
-            for index, step in enumerate(spec.steps):
-                if index >= opts.max_turns:
-                    finish_reason = "turn_limit"
-                    break
-                budget = opts.max_tokens - self._generated
-                new_tokens = min(step.output_tokens, budget)
-                request = _decide_request(inp, view, self._instance)
-                decision = await self._scheduler(opts, names.DECIDE, request, Decision)
-                moves = decision.migrate and self._instance not in ("", decision.instance_id)
-                move_from = self._instance if moves and self._lean else ""
-                if moves and not self._lean:
-                    # Its KV moves to the new instance instead of being recomputed there.
-                    await workflow.execute_activity(
-                        names.MIGRATE_KV,
-                        MigrateRequest(spec.trajectory_id, self._instance, decision.instance_id),
-                        task_queue=control_queue(opts.queue_prefix),
-                        start_to_close_timeout=policy.MIGRATE_TIMEOUT,
-                        retry_policy=policy.retry(opts.max_attempts),
+            if spec.task_id:
+                finish_reason, view = await self._agent_steps(inp, view)
+            else:
+                for index, step in enumerate(spec.steps):
+                    if index >= opts.max_turns:
+                        finish_reason = "turn_limit"
+                        break
+                    budget = opts.max_tokens - self._generated
+                    new_tokens = min(step.output_tokens, budget)
+                    request = _decide_request(inp, view, self._instance)
+                    decision = await self._scheduler(opts, names.DECIDE, request, Decision)
+                    moves = decision.migrate and self._instance not in ("", decision.instance_id)
+                    move_from = self._instance if moves and self._lean else ""
+                    if moves and not self._lean:
+                        # Its KV moves to the new instance instead of being recomputed there.
+                        await workflow.execute_activity(
+                            names.MIGRATE_KV,
+                            MigrateRequest(
+                                spec.trajectory_id, self._instance, decision.instance_id
+                            ),
+                            task_queue=control_queue(opts.queue_prefix),
+                            start_to_close_timeout=policy.MIGRATE_TIMEOUT,
+                            retry_policy=policy.retry(opts.max_attempts),
+                        )
+                    moved_on = decision.instance_id != self._instance
+                    self._turn, self._instance = index + 1, decision.instance_id
+                    self._upsert_step(moved_on)
+                    # A replayed tool the step activity waits out (none if the budget cuts the
+                    # step short: no tool follows).
+                    held = (
+                        self._tool_in_step
+                        and step.tool is not None
+                        and new_tokens == step.output_tokens
+                        and _replays_tools(opts)
                     )
-                moved_on = decision.instance_id != self._instance
-                self._turn, self._instance = index + 1, decision.instance_id
-                self._upsert_step(moved_on)
-                # A replayed tool the step activity waits out (none if the budget cuts the
-                # step short: no tool follows).
-                held = (
-                    self._tool_in_step
-                    and step.tool is not None
-                    and new_tokens == step.output_tokens
-                    and _replays_tools(opts)
-                )
-                then_wait_s = step.tool_latency_s * opts.time_scale if held else 0.0
-                generated = await self._generate(
-                    inp, index, new_tokens, decision, request, move_from,
-                    step.tool is not None, then_wait_s,
-                )  # fmt: skip
-                self._generated += generated.output_tokens
-                record = StepRecord(
-                    batch_id=inp.batch_id,
-                    trajectory_id=spec.trajectory_id,
-                    step_index=index,
-                    instance_id=generated.instance_id,
-                    context_tokens=view.context_tokens,
-                    output_tokens=generated.output_tokens,
-                    cached_tokens=generated.cached_tokens,
-                    queued_s=generated.queued_s,
-                    gen_started_at=generated.started_at,
-                    gen_finished_at=generated.finished_at,
-                    attempt=generated.attempt,
-                    resumed_tokens=generated.resumed_tokens,
-                )
-                view = view.after_output(generated.output_tokens)
-                if new_tokens < step.output_tokens:
-                    finish_reason = "token_limit"
-                    await self._record(record)
-                    break
-                if step.tool is not None:
-                    request_tool = ToolRequest(
+                    then_wait_s = step.tool_latency_s * opts.time_scale if held else 0.0
+                    generated = await self._generate(
+                        inp, index, new_tokens, decision, request, move_from,
+                        step.tool is not None, then_wait_s,
+                    )  # fmt: skip
+                    self._generated += generated.output_tokens
+                    record = StepRecord(
+                        batch_id=inp.batch_id,
                         trajectory_id=spec.trajectory_id,
                         step_index=index,
-                        tool=step.tool,
-                        mode=opts.tools,
-                        latency_s=step.tool_latency_s,
-                        status=step.tool_status,
-                        output_tokens=step.tool_output_tokens,
-                        tool_input_ref=step.tool_input_ref,
-                        batch_id=inp.batch_id,
+                        instance_id=generated.instance_id,
+                        context_tokens=view.context_tokens,
+                        output_tokens=generated.output_tokens,
+                        cached_tokens=generated.cached_tokens,
+                        queued_s=generated.queued_s,
+                        gen_started_at=generated.started_at,
+                        gen_finished_at=generated.finished_at,
+                        attempt=generated.attempt,
+                        resumed_tokens=generated.resumed_tokens,
                     )
-                    if held:
-                        # The step activity waited it out (the rest, if it was cut short).
-                        if generated.wait_left_s > 0:
-                            await workflow.sleep(max(MIN_TIMER_S, generated.wait_left_s))
-                        tool = _replayed(request_tool)
-                    elif self._lean:
-                        # The engine host re-predicted as the step ended.
-                        tool = await self._tool(opts, request_tool)
-                    else:
-                        tool_call = self._tool_activity(opts, request_tool)
-                        if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
-                            # Its re-prediction from this step's output, hidden by the tool.
-                            ahead = _decide_request(inp, view, self._instance)
-                            await self._move_during_tool(opts, ahead)
-                        tool = await tool_call
-                    view = view.after_tool(step.tool, tool.status, tool.output_tokens)
-                    record.tool = step.tool
-                    record.tool_status = tool.status
-                    record.tool_output_tokens = tool.output_tokens
-                    record.tool_latency_s = tool.latency_s
-                    record.observation_ref = tool.observation_ref
-                await self._record(record)
+                    view = view.after_output(generated.output_tokens)
+                    if new_tokens < step.output_tokens:
+                        finish_reason = "token_limit"
+                        await self._record(record)
+                        break
+                    if step.tool is not None:
+                        request_tool = ToolRequest(
+                            trajectory_id=spec.trajectory_id,
+                            step_index=index,
+                            tool=step.tool,
+                            mode=opts.tools,
+                            latency_s=step.tool_latency_s,
+                            status=step.tool_status,
+                            output_tokens=step.tool_output_tokens,
+                            tool_input_ref=step.tool_input_ref,
+                            batch_id=inp.batch_id,
+                        )
+                        if held:
+                            # The step activity waited it out (the rest, if it was cut short).
+                            if generated.wait_left_s > 0:
+                                await workflow.sleep(max(MIN_TIMER_S, generated.wait_left_s))
+                            tool = _replayed(request_tool)
+                        elif self._lean:
+                            # The engine host re-predicted as the step ended.
+                            tool = await self._tool(opts, request_tool)
+                        else:
+                            tool_call = self._tool_activity(opts, request_tool)
+                            if decision.anticipate and workflow.patched(ANTICIPATE_PATCH):
+                                # Its re-prediction from this step's output, hidden by the tool.
+                                ahead = _decide_request(inp, view, self._instance)
+                                await self._move_during_tool(opts, ahead)
+                            tool = await tool_call
+                        view = view.after_tool(step.tool, tool.status, tool.output_tokens)
+                        record.tool = step.tool
+                        record.tool_status = tool.status
+                        record.tool_output_tokens = tool.output_tokens
+                        record.tool_latency_s = tool.latency_s
+                        record.observation_ref = tool.observation_ref
+                    await self._record(record)
         except ActivityError as exc:
             finish_reason = "error"
             cause = exc.cause if exc.cause is not None else exc
@@ -213,7 +224,13 @@ class TrajectoryWorkflow:
 
         status = "failed" if finish_reason == "error" else "completed"
         reward = 0.0
-        if status == "completed":
+        verdict: Verdict | None = None
+        if status == "completed" and spec.task_id:
+            verdict = await self._verify(opts, VerifyRequest(
+                inp.batch_id, spec.trajectory_id, spec.task_id, finish_reason
+            ))  # fmt: skip
+            reward = verdict.reward
+        elif status == "completed":
             reward = await self._reward(
                 opts,
                 RewardRequest(
@@ -233,6 +250,8 @@ class TrajectoryWorkflow:
             started_at=started_at,
             finished_at=workflow.now().timestamp(),
             error=error,
+            reward_reason=verdict.reason if verdict else "",
+            reward_error=verdict.error if verdict else "",
         )
         await workflow.execute_local_activity(
             names.FINISH_TRAJECTORY,
@@ -259,10 +278,181 @@ class TrajectoryWorkflow:
         if self._throttles_upserts:  # a throttled step's turn and instance, shown at last
             final += [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(self._instance)]
         workflow.upsert_search_attributes(final)
-        workflow.set_current_details(
-            f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
-        )
+        details = f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
+        if spec.task_id:
+            details = f"task {spec.task_id}: {details}, {self._last_tool()}, reward {reward:g}"
+        workflow.set_current_details(details)
         return summary
+
+    def _last_tool(self) -> str:
+        return f"last tool {self._last_call}" if self._last_call else "no tool called"
+
+    async def _agent_steps(
+        self, inp: TrajectoryInput, view: TrajectoryView
+    ) -> tuple[str, TrajectoryView]:
+        """The model's turns: each decided and placed like a replayed step, sampled on
+        its engine, its tool calls run (a call that cannot run is an error observation
+        the model reads next turn), until an answer or a limit. Returns the finish
+        reason and the trajectory as the scheduler last saw it."""
+        spec, opts = inp.spec, inp.options
+        observations: list[str] = []
+        for index in range(opts.max_turns):
+            budget = opts.max_tokens - self._generated
+            if budget <= 0:
+                return "token_limit", view
+            request = _decide_request(inp, view, self._instance)
+            decision = await self._scheduler(opts, names.DECIDE, request, Decision)
+            moves = decision.migrate and self._instance not in ("", decision.instance_id)
+            moved_on = decision.instance_id != self._instance
+            move_from = self._instance if moves else ""
+            self._turn, self._instance = index + 1, decision.instance_id
+            self._upsert_step(moved_on)
+            agent = AgentTurn(
+                batch_id=inp.batch_id,
+                task_id=spec.task_id,
+                observation_refs=observations,
+                temperature=opts.temperature,
+                top_p=opts.top_p,
+                seed=zlib.crc32(f"{opts.seed}/{spec.trajectory_id}/{index}".encode()),
+                max_context_tokens=opts.max_context_tokens,
+            )
+            max_new = min(budget, opts.max_tokens_per_turn)
+            generated = await self._agent_turn(
+                inp, index, max_new, decision, request, move_from, agent
+            )
+            outcome = generated.turn
+            assert outcome is not None
+            self._generated += generated.output_tokens
+            made = generated.output_tokens
+            view = dataclasses.replace(
+                view.after_output(made), context_tokens=outcome.context_tokens + made
+            )
+            record = StepRecord(
+                batch_id=inp.batch_id,
+                trajectory_id=spec.trajectory_id,
+                step_index=index,
+                instance_id=generated.instance_id,
+                context_tokens=outcome.context_tokens,
+                output_tokens=made,
+                cached_tokens=generated.cached_tokens,
+                queued_s=generated.queued_s,
+                gen_started_at=generated.started_at,
+                gen_finished_at=generated.finished_at,
+                attempt=generated.attempt,
+            )
+            if outcome.finish_reason == "context" or not outcome.calls:
+                await self._record(record)
+                if outcome.finish_reason == "context":
+                    return "context_limit", view
+                return ("answer" if outcome.finish_reason == "stop" else "token_limit"), view
+            calls = await self._run_calls(opts, inp, index, outcome.calls)
+            for call in calls:
+                view = view.after_tool(call.name or "invalid", call.status, call.output_tokens)
+            last = calls[-1]
+            record.calls = calls
+            record.tool, record.tool_status = last.name or "invalid", last.status
+            record.tool_output_tokens = sum(c.output_tokens for c in calls)
+            record.tool_latency_s = max(c.latency_s for c in calls)
+            record.observation_ref = last.observation_ref
+            await self._record(record)
+            observations = [c.observation_ref for c in calls]
+            self._last_call = f"{last.name or 'invalid'} ({last.status})"
+            workflow.set_current_details(
+                f"task {spec.task_id}: turn {self._turn}, {self._last_tool()}"
+            )
+        return "turn_limit", view
+
+    async def _agent_turn(
+        self,
+        inp: TrajectoryInput,
+        index: int,
+        max_new_tokens: int,
+        decision: Decision,
+        request: DecideRequest,
+        move_from: str,
+        agent: AgentTurn,
+    ) -> GenerateResult:
+        """One model turn on the decided instance. If its engine dies, the turn is
+        decided again and starts over elsewhere (the engine host stores a turn only
+        once it is whole)."""
+        opts, tid = inp.options, inp.spec.trajectory_id
+        deaths = 0
+        while True:
+            try:
+                result: GenerateResult = await workflow.execute_activity(
+                    names.GENERATE,
+                    GenerateRequest(
+                        request_id=f"{inp.batch_id}/{tid}/{index}",
+                        trajectory_id=tid,
+                        step_index=index,
+                        context_tokens=request.view.context_tokens,
+                        max_new_tokens=max_new_tokens,
+                        priority=decision.priority,
+                        agent=agent,
+                        **self._books(request, 0, decision, move_from, True),
+                    ),
+                    task_queue=engine_queue(decision.instance_id, opts.queue_prefix),
+                    priority=Priority(priority_key=decision.priority_key or None),
+                    start_to_close_timeout=policy.GENERATE_TIMEOUT,
+                    heartbeat_timeout=policy.GENERATE_HEARTBEAT,
+                    retry_policy=policy.retry(opts.max_attempts),
+                    result_type=GenerateResult,
+                )
+            except ActivityError as exc:
+                deaths += 1
+                if _engine_dead_tokens(exc) is None or deaths >= opts.max_attempts:
+                    raise
+                again = dataclasses.replace(request, view=request.view.on(self._instance))
+                decision = await self._scheduler(opts, names.DECIDE, again, Decision)
+                self._instance, move_from = decision.instance_id, ""
+                continue
+            self._instance = result.next_instance or result.instance_id
+            return result
+
+    async def _run_calls(
+        self, opts: RolloutOptions, inp: TrajectoryInput, index: int, calls: list[ToolCallRecord]
+    ) -> list[ToolCallRecord]:
+        """A turn's tool calls, side by side on the tools queue; each result's text is
+        in the store under its `observation_ref`."""
+        running = {
+            i: self._tool_activity(
+                opts,
+                ToolRequest(
+                    trajectory_id=inp.spec.trajectory_id,
+                    step_index=index,
+                    tool=call.name,
+                    mode="real",
+                    tool_input_ref=call.input_ref,
+                    batch_id=inp.batch_id,
+                    call_index=i,
+                ),
+            )
+            for i, call in enumerate(calls)
+            if not call.error
+        }
+        done = list(calls)
+        for i, handle in running.items():
+            result = await handle
+            done[i] = dataclasses.replace(
+                calls[i],
+                status=result.status,
+                output_tokens=result.output_tokens,
+                latency_s=result.latency_s,
+                observation_ref=result.observation_ref,
+            )
+        return done
+
+    async def _verify(self, opts: RolloutOptions, request: VerifyRequest) -> Verdict:
+        verdict: Verdict = await workflow.execute_activity(
+            names.VERIFY,
+            request,
+            task_queue=tools_queue(opts.queue_prefix),
+            start_to_close_timeout=policy.VERIFY_TIMEOUT,
+            heartbeat_timeout=policy.TOOL_HEARTBEAT,
+            retry_policy=policy.retry(opts.max_attempts),
+            result_type=Verdict,
+        )
+        return verdict
 
     def _upsert_step(self, moved_on: bool) -> None:
         """The step's search attributes, for the UI's turn and instance filters (at most

@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from heddle.tasks import count_tokens
+
+__all__ = ["Observation", "Tool", "ToolRegistry", "count_tokens", "default_registry"]
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -17,11 +21,6 @@ class Observation:
 
 
 Tool = Callable[[str], Awaitable[Observation]]
-
-
-def count_tokens(text: str) -> int:
-    """Token count of an observation for the context budget: ~4 bytes a token (BPE average)."""
-    return max(1, (len(text.encode("utf-8")) + 3) // 4) if text else 0
 
 
 class ToolRegistry:

@@ -36,6 +36,12 @@ def rollout(
     spec: Annotated[
         Path | None, typer.Option(help="Batch spec YAML (workload, prompts, samples, seed).")
     ] = None,
+    tasks: Annotated[
+        Path | None, typer.Option(help="Task file (JSON Lines): the model works on each.")
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Agent trajectories per task (--tasks).")] = 1,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (--tasks).")] = 1.0,
+    max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (--tasks).")] = 512,
     cluster: ClusterOpt = None,
     address: Address = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -68,24 +74,33 @@ def rollout(
     ] = False,
 ) -> None:
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
-    from heddle.client import HeddleClient, validate_options
+    from heddle.client import HeddleClient, agent_records, validate_options
     from heddle.config import load_batch_spec
     from heddle.report import rollout_table
+    from heddle.tasks import load_tasks
     from heddle.trace import load_trace
     from heddle.types import RolloutOptions
     from heddle.workloads import generate
 
-    if (trace is None) == (spec is None):
-        raise fail("give exactly one of --trace FILE or --spec FILE")
+    if sum(x is not None for x in (trace, spec, tasks)) != 1:
+        raise fail("give exactly one of --trace FILE, --spec FILE or --tasks FILE")
     # Everything the user gave is checked before anything starts.
+    task_list = None
     try:
-        if trace is not None:
+        if samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {samples}")
+        if tasks is not None:
+            task_list = load_tasks(tasks)
+            records = agent_records(task_list, samples)
+        elif trace is not None:
             records = load_trace(trace)
         else:
             bs = load_batch_spec(spec)  # type: ignore[arg-type]
             records = generate(bs.workload, prompts=bs.prompts, samples=bs.samples,
                                seed=bs.seed, iteration=bs.iteration)  # fmt: skip
-        cfg = cluster_config(cluster, engine, model)
+        # A model named with tasks means vLLM engines: only a real model writes.
+        wants_vllm = tasks is not None and model is not None and engine is None and cluster is None
+        cfg = cluster_config(cluster, "vllm" if wants_vllm else engine, model)
         options = RolloutOptions(
             policy=policy,
             tools=tools,
@@ -93,8 +108,16 @@ def rollout(
             max_tokens=max_tokens,
             max_in_flight=max_in_flight,
             central_scheduler=central_scheduler,
+            temperature=temperature,
+            max_tokens_per_turn=max_tokens_per_turn,
         )
         validate_options(options)
+        if task_list is not None and cfg.engine.kind != "vllm":
+            raise ValueError(
+                "agent rollouts (--tasks) need a model: give --model DIR (vLLM engines), "
+                "or a --cluster whose engine is vllm"
+            )
+
     except (InputError, ValueError) as exc:
         raise fail(str(exc)) from None
 
@@ -111,9 +134,15 @@ def rollout(
                 target.address, store_url=target.store_url, queue_prefix=queue_prefix
             )
             async with client:
-                handle = await client.start_rollout(records=records, options=options)
+                if task_list is not None:
+                    handle = await client.start_rollout(
+                        tasks=task_list, samples=samples, options=options
+                    )
+                else:
+                    handle = await client.start_rollout(records=records, options=options)
                 report = await _follow(handle, len(records), quiet)
-            console.print(rollout_table(report, target.ui_url))
+                outcomes = await asyncio.to_thread(client.store.batch_outcomes, report.batch_id)
+            console.print(rollout_table(report, target.ui_url, outcomes))
             return report, target.owned
 
     try:

@@ -43,14 +43,21 @@ def trajectories_show(
     trajectory: str,
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
+    as_json: bool = typer.Option(False, "--json", help="The stored record, as JSON."),
 ) -> None:
-    """One trajectory with its steps, as JSON."""
+    """One trajectory: an agent trajectory as its conversation (tool calls, reward); a
+    replayed one, or --json, as the stored record with its steps."""
+    from heddle.conversation import conversation, render_text
     from heddle.store import TrajectoryStore
 
-    record = TrajectoryStore.open(store_url(store, state_dir)).get_trajectory(batch, trajectory)
+    st = TrajectoryStore.open(store_url(store, state_dir))
+    record = st.get_trajectory(batch, trajectory)
     if record is None:
         raise fail(f"no trajectory {trajectory!r} in batch {batch!r}")
-    console.print_json(json.dumps(record))
+    if as_json or not record["task_id"]:
+        console.print_json(json.dumps(record))
+        return
+    console.print(render_text(conversation(st, batch, trajectory)), markup=False, highlight=False)
 
 
 def export(

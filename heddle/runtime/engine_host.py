@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from activities.agent import AgentTurns
 from activities.control import RECONCILE_EVERY_S
 from activities.engine import EngineActivities
 from engines.pool import EnginePool
@@ -87,8 +88,10 @@ class EngineHost:
         pool: EnginePool | None,
         prefix: str,
         time_scale: float,
+        agent: AgentTurns | None = None,
     ) -> None:
         self.client = client
+        self.agent = agent  # agent turns' contexts, shared by the host's vLLM instances
         self.service = service
         self.pool = pool  # None: this process hosts no engines
         self.prefix = prefix
@@ -231,7 +234,11 @@ class EngineHost:
             await asyncio.sleep(delay_s)
             engine = await self.pool.add(instance_id, tp, first_gpu)
             acts = EngineActivities(
-                engine=engine, on_dead=self.mark_down, pool=self.pool, service=self.service
+                engine=engine,
+                on_dead=self.mark_down,
+                pool=self.pool,
+                service=self.service,
+                agent=self.agent,
             )
             if instance_id in self._dead_workers:
                 # One worker per task queue in a process: the dead one goes first.

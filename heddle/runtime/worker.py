@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.agent import AgentTurns
 from activities.control import ControlActivities, Replanner
 from activities.scheduler import Scheduler, SchedulerActivities
 from activities.store import StoreActivities
@@ -122,7 +123,10 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         )
         if pool.ray:
             connect_ray(cluster)
-    host = EngineHost(client, service, pool, prefix, opts.time_scale)
+    agent = None
+    if pool is not None and pool.vllm is not None:
+        agent = AgentTurns(store, pool.vllm.model_path, pool.vllm.max_model_len)
+    host = EngineHost(client, service, pool, prefix, opts.time_scale, agent)
     store_acts = StoreActivities(
         store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)
     )
@@ -166,7 +170,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         Worker(
             client,
             task_queue=tools_queue(prefix),
-            activities=[tool_acts.run_tool, tool_acts.reward],
+            activities=[tool_acts.run_tool, tool_acts.reward, tool_acts.verify],
             max_concurrent_activities=512,
             max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
         ),

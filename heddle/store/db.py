@@ -22,6 +22,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow, TurnRow
+from heddle.tasks import Task, dump_task, parse_task
 from heddle.trace import TraceRecord
 from heddle.types import (
     BatchReport,
@@ -42,6 +43,7 @@ TrajectoryWrite = TrajectoryStarted | StepRecord | TurnRecord | TrajectorySummar
 _STEPS = cast(Table, StepRow.__table__)
 _TRAJECTORIES = cast(Table, TrajectoryRow.__table__)
 _TURNS = cast(Table, TurnRow.__table__)
+_TEXTS = cast(Table, TextRow.__table__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -52,6 +54,11 @@ def default_url(state_dir: str | Path = ".heddle") -> str:
 
 def trajectory_key(batch_id: str, trajectory_id: str) -> str:
     return f"{batch_id}/{trajectory_id}"
+
+
+def task_ref(batch_id: str, task_id: str) -> str:
+    """Where an agent batch's task is kept (its samples share it)."""
+    return f"{batch_id}/task/{task_id}"
 
 
 def spec_to_json(spec: TrajectorySpec) -> str:
@@ -133,11 +140,19 @@ class TrajectoryStore:
         options: RolloutOptions,
         source: str,
         created_at: float,
+        tasks: Sequence[Task] = (),
     ) -> int:
-        """Insert a batch with all its trajectories and texts, atomically."""
+        """Insert a batch with all its trajectories and texts (and the tasks of an agent
+        batch), atomically."""
         with self._session() as s:
             if s.get(BatchRow, batch_id) is not None:
                 raise ValueError(f"batch {batch_id!r} already exists in the store")
+            for task in tasks:
+                s.add(
+                    TextRow(
+                        ref=task_ref(batch_id, task.task_id), content=json.dumps(dump_task(task))
+                    )
+                )
             count = 0
             for position, record in enumerate(records):
                 spec = record.spec
@@ -262,12 +277,23 @@ class TrajectoryStore:
     def finish_trajectory(self, summary: TrajectorySummary) -> None:
         self.write([summary])
 
-    def write(self, writes: Sequence[TrajectoryWrite]) -> None:
-        """Trajectories' writes in one transaction, in order. Core statements on a
-        connection, not the ORM session: every step of a live batch passes here."""
+    def write(self, writes: Sequence[TrajectoryWrite], texts: dict[str, str] | None = None) -> None:
+        """Trajectories' writes (and `texts` by key) in one transaction, in order. Core
+        statements on a connection, not the ORM session: every step of a live batch
+        passes here."""
         with self.engine.begin() as conn:
             for w in writes:
                 self._write_one(conn, w)
+            for ref, content in (texts or {}).items():
+                self._upsert_text(conn, ref, content)
+
+    def _upsert_text(self, conn: Connection, ref: str, content: str) -> None:
+        insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        conn.execute(
+            insert(_TEXTS)
+            .values(ref=ref, content=content)
+            .on_conflict_do_update(index_elements=[_TEXTS.c.ref], set_={"content": content})
+        )
 
     def _write_one(self, conn: Connection, w: TrajectoryWrite) -> None:
         if isinstance(w, StepRecord):
@@ -297,6 +323,8 @@ class TrajectoryStore:
                 started_at=w.started_at,
                 finished_at=w.finished_at,
                 error=w.error or None,
+                reward_reason=w.reward_reason or None,
+                reward_error=w.reward_error or None,
             )
         )
 
@@ -309,6 +337,7 @@ class TrajectoryStore:
             "output_logprobs": json.dumps(turn.output_logprobs),
             "weight_version": turn.weight_version,
             "finish_reason": turn.finish_reason,
+            "text": turn.text,
         }
         key = trajectory_key(turn.batch_id, turn.trajectory_id)
         self._upsert_step_row(conn, _TURNS, key, turn.step_index, values)
@@ -326,25 +355,45 @@ class TrajectoryStore:
             )
         )
 
-    def load_turns(self, batch_id: str) -> dict[str, list[TurnRecord]]:
-        """Every stored turn of a batch, by trajectory, in step order."""
+    def load_turns(
+        self, batch_id: str, trajectory_id: str | None = None
+    ) -> dict[str, list[TurnRecord]]:
+        """Every stored turn of a batch (or of one of its trajectories), by trajectory,
+        in step order."""
         out: dict[str, list[TurnRecord]] = {}
+        q = (
+            select(TrajectoryRow.trajectory_id, TurnRow)
+            .join(TurnRow, TurnRow.trajectory_key == TrajectoryRow.key)
+            .where(TrajectoryRow.batch_id == batch_id)
+        )
+        if trajectory_id is not None:
+            q = q.where(TrajectoryRow.key == trajectory_key(batch_id, trajectory_id))
         with self._session() as s:
-            rows = s.execute(
-                select(TrajectoryRow.trajectory_id, TurnRow)
-                .join(TurnRow, TurnRow.trajectory_key == TrajectoryRow.key)
-                .where(TrajectoryRow.batch_id == batch_id)
-                .order_by(TrajectoryRow.position, TurnRow.step_index)
-            ).all()
+            rows = s.execute(q.order_by(TrajectoryRow.position, TurnRow.step_index)).all()
         for tid, row in rows:
             out.setdefault(tid, []).append(
                 TurnRecord(
                     batch_id, tid, row.step_index, json.loads(row.input_ids),
                     json.loads(row.output_ids), json.loads(row.output_logprobs),
-                    row.weight_version, row.finish_reason,
+                    row.weight_version, row.finish_reason, row.text,
                 )
             )  # fmt: skip
         return out
+
+    def get_task(self, batch_id: str, task_id: str) -> Task:
+        """An agent batch's task, as it was validated when the batch was made."""
+        text = self.get_text(task_ref(batch_id, task_id))
+        if text is None:
+            raise KeyError(f"batch {batch_id!r} has no task {task_id!r}")
+        return parse_task(json.loads(text), path=task_ref(batch_id, task_id), line=1)
+
+    def get_texts(self, refs: Sequence[str]) -> dict[str, str]:
+        """Many texts at once (a turn's tool results): those that exist."""
+        if not refs:
+            return {}
+        with self._session() as s:
+            rows = s.execute(select(TextRow.ref, TextRow.content).where(TextRow.ref.in_(refs)))
+            return {ref: content for ref, content in rows}
 
     def _record_step(self, conn: Connection, record: StepRecord) -> None:
         """One step's row, written again in place by a retry: an upsert and a guarded
@@ -354,6 +403,8 @@ class TrajectoryStore:
         for name in ("batch_id", "trajectory_id", "step_index"):
             values.pop(name)
         values["observation_ref"] = values["observation_ref"] or None
+        calls = values.pop("calls")
+        values["calls_json"] = json.dumps(calls) if calls else None
         self._upsert_step_row(conn, _STEPS, key, record.step_index, values)
         conn.execute(
             update(_TRAJECTORIES)
@@ -386,6 +437,7 @@ class TrajectoryStore:
             if row is None:
                 return None
             out = _trajectory_dict(row)
+            out["task_id"] = json.loads(row.spec_json).get("task_id", "")
             steps = s.scalars(
                 select(StepRow).where(StepRow.trajectory_key == key).order_by(StepRow.step_index)
             ).all()
@@ -393,8 +445,9 @@ class TrajectoryStore:
                 {
                     c.key: getattr(st, c.key)
                     for c in StepRow.__table__.columns
-                    if c.key != "trajectory_key"
+                    if c.key not in ("trajectory_key", "calls_json")
                 }
+                | {"calls": json.loads(st.calls_json) if st.calls_json else []}
                 for st in steps
             ]
             return out
@@ -420,6 +473,28 @@ class TrajectoryStore:
             "failed": failed[0],
             "running": running,
             "generated_tokens": completed[1] + failed[1],
+        }
+
+    def batch_outcomes(self, batch_id: str) -> dict[str, Any]:
+        """A batch's rewards and what its trajectories did: mean reward, the share with
+        reward 1 (pass rate), tool calls, finish reasons, verifier errors."""
+        with self._session() as s:
+            rows = s.execute(
+                select(
+                    TrajectoryRow.finish_reason, TrajectoryRow.reward,
+                    TrajectoryRow.tool_calls, TrajectoryRow.reward_error,
+                ).where(TrajectoryRow.batch_id == batch_id)
+            ).all()  # fmt: skip
+        rewards = [r for _, r, _, _ in rows if r is not None]
+        reasons: dict[str, int] = {}
+        for reason, *_ in rows:
+            reasons[reason or "running"] = reasons.get(reason or "running", 0) + 1
+        return {
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
+            "tool_calls": sum(int(n or 0) for _, _, n, _ in rows),
+            "finish_reasons": dict(sorted(reasons.items())),
+            "reward_errors": sum(bool(e) for *_, e in rows),
         }
 
     def count_steps(self, batch_id: str) -> int:

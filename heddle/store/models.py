@@ -47,6 +47,8 @@ class TrajectoryRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reward_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reward_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (Index("ix_trajectories_batch_position", "batch_id", "position"),)
 
@@ -70,6 +72,7 @@ class StepRow(Base):
     observation_ref: Mapped[str | None] = mapped_column(String(340), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     resumed_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    calls_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # an agent turn's
 
 
 class TurnRow(Base):
@@ -84,6 +87,7 @@ class TurnRow(Base):
     output_logprobs: Mapped[str] = mapped_column(Text)
     weight_version: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str] = mapped_column(String(32), default="")
+    text: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class TextRow(Base):

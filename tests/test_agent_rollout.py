@@ -1,0 +1,217 @@
+"""Agent rollouts on real vLLM engines (CPU build) and the taught tiny model: the model
+writes, its tool calls are parsed and run by real tools, the next turn reads their
+results, the verifiers score the answers, and what is stored is exactly what the model
+saw and sampled. One worker hosts two vLLM instances for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heddle.client import HeddleClient
+from heddle.config import ClusterConfig, EngineConfig
+from heddle.conversation import conversation
+from heddle.store import TrajectoryStore
+from heddle.tasks import Message, Task, Verifier, dump_task, load_tasks
+from heddle.toolcalls import tool_schemas
+from heddle.types import BatchReport, RolloutOptions
+from tests.live import kill_process, worker_process
+from tests.real_engine import require_vllm, vllm_env
+from tests.test_vllm_rollout import VllmWorker
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+
+DATA = Path(__file__).resolve().parents[1] / "heddle" / "data" / "tasks"
+OPTIONS = RolloutOptions(policy="verl", max_turns=6, max_tokens=1024, max_tokens_per_turn=192)
+
+
+def agent_model() -> Path:
+    from heddle.teach import cached_agent_model
+
+    return cached_agent_model()
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    require_vllm()
+    return agent_model()
+
+
+def _cluster(model: Path) -> ClusterConfig:
+    return ClusterConfig(
+        num_gpus=2,
+        max_num_seqs=32,
+        max_num_batched_tokens=4096,
+        engine=EngineConfig(kind="vllm", model_path=str(model), max_model_len=4096, kv_cache_gib=1),
+    )
+
+
+@pytest.fixture(scope="module")
+def agent_worker(
+    temporal_address: str, tmp_path_factory: pytest.TempPathFactory, model_path: Path
+) -> Iterator[VllmWorker]:
+    root = tmp_path_factory.mktemp("agent-rollout")
+    vllm_env(root)
+    store_url = f"sqlite:///{root / 'store.db'}"
+    prefix = f"a{uuid.uuid4().hex[:8]}-"
+    log = root / "worker.log"
+    proc = worker_process(
+        temporal_address, store_url, prefix, log, time_scale=1.0, cluster=_cluster(model_path)
+    )
+    worker = VllmWorker(temporal_address, store_url, prefix, log, proc)
+    try:
+        worker.wait_up({"i0": 1, "i1": 1})
+        yield worker
+    finally:
+        kill_process(worker.proc)
+
+
+def _tasks() -> list[Task]:
+    """12 bundled tasks (math, coding, search), three that make the taught model's first
+    call malformed, and one whose custom verifier crashes."""
+    from heddle.teach import QUIRKS
+
+    math_tasks = load_tasks(DATA / "math.jsonl")
+    picked = math_tasks[:6] + load_tasks(DATA / "coding.jsonl")[:3]
+    picked += load_tasks(DATA / "search.jsonl")[:3]
+    base = math_tasks[6]
+    for name, suffix in QUIRKS.items():
+        system, user = base.messages
+        picked.append(dataclasses.replace(
+            base, task_id=f"quirk-{name}",
+            messages=(system, Message("user", user.content + suffix)),
+        ))  # fmt: skip
+    crash = Verifier("custom", import_path="tests.crashing_verifier:verify")
+    picked.append(dataclasses.replace(math_tasks[7], task_id="crashing-verifier", verifier=crash))
+    return picked
+
+
+async def _rollout(worker: VllmWorker, tasks: Any, samples: int) -> tuple[str, BatchReport]:
+    client = await HeddleClient.connect(
+        worker.address, store_url=worker.store_url, queue_prefix=worker.prefix
+    )
+    async with client:
+        handle = await client.start_rollout(tasks=tasks, samples=samples, options=OPTIONS)
+        report = await asyncio.wait_for(handle.report(), 900)
+        return handle.batch_id, report
+
+
+@pytest.fixture(scope="module")
+def agent_batch(agent_worker: VllmWorker, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = tmp_path_factory.mktemp("tasks") / "tasks.jsonl"
+    path.write_text("".join(json.dumps(dump_task(t)) + "\n" for t in _tasks()))
+    samples = {
+        t.task_id: (1 if t.task_id.startswith(("quirk", "crashing")) else 3) for t in _tasks()
+    }
+    # 12 tasks x 3 samples, then the four special tasks once each: one batch of 40.
+    tasks = [t for t in _tasks() if samples[t.task_id] == 3]
+    special = [t for t in _tasks() if samples[t.task_id] == 1]
+    batch_id, report = asyncio.run(_rollout(agent_worker, tasks, 3))
+    special_id, special_report = asyncio.run(_rollout(agent_worker, special, 1))
+    return agent_worker, (batch_id, report), (special_id, special_report), path
+
+
+def check_consistent(store: TrajectoryStore, batch_id: str, trajectory_id: str) -> Any:
+    """What the store keeps of an agent trajectory is what the model saw and sampled:
+    a log-prob per sampled token, ids that decode to the stored conversation, each
+    tool result in the next turn's context."""
+    from engines.chat import ChatRenderer
+
+    conv = conversation(store, batch_id, trajectory_id)
+    turns = store.load_turns(batch_id, trajectory_id)[trajectory_id]
+    assert [t.step_index for t in turns] == list(range(len(turns)))
+    assert len(turns) == conv.record["turns"]
+    renderer = ChatRenderer.from_model(str(agent_model()))
+    ids: list[int] = []
+    for t in turns:
+        assert len(t.output_logprobs) == len(t.output_ids) > 0
+        assert all(lp <= 0.0 and math.isfinite(lp) for lp in t.output_logprobs)
+        ids += t.input_ids + t.output_ids
+    assert sum(len(t.output_ids) for t in turns) == conv.record["generated_tokens"]
+    rendered = renderer.render(conv.messages, tool_schemas(conv.task.tools), prompt=False)
+    decoded = renderer.decode(ids)
+    assert rendered.startswith(decoded)
+    assert rendered[len(decoded) :] in ("\n", renderer.eos_text + "\n")
+    for k, step_calls in enumerate(conv.calls[:-1]):
+        appended = renderer.decode(turns[k + 1].input_ids)
+        results = store.get_texts([c["observation_ref"] for c in step_calls])
+        for call in step_calls:
+            assert results[call["observation_ref"]] in appended
+    return conv
+
+
+def test_agent_trajectories_call_tools_read_results_and_are_rewarded(agent_batch: Any) -> None:
+    worker, (batch_id, report), _, _ = agent_batch
+    assert (report.trajectories, report.completed, report.failed) == (36, 36, 0)
+    store = TrajectoryStore.open(worker.store_url)
+    rows = store.list_trajectories(batch_id)
+    calls: Counter[tuple[str, str]] = Counter()
+    for row in rows:
+        conv = check_consistent(store, batch_id, row["trajectory_id"])
+        for step_calls in conv.calls:
+            calls.update((c["name"], c["status"]) for c in step_calls)
+        assert row["reward"] is not None, row
+        assert row["reward_reason"], row
+        assert not row["reward_error"], row
+    # The taught model calls every tool, and the tools really run.
+    for tool in ("calculator", "search", "python"):
+        assert calls[(tool, "ok")] > 0, calls
+    answered = [r for r in rows if r["finish_reason"] == "answer"]
+    assert len(answered) >= len(rows) // 2, Counter(r["finish_reason"] for r in rows)
+    assert any(r["reward"] == 1.0 for r in rows), [r["reward_reason"] for r in rows]
+
+
+def test_malformed_calls_are_observations_and_a_crashing_verifier_a_reward_error(
+    agent_batch: Any,
+) -> None:
+    worker, _, (batch_id, report), _ = agent_batch
+    assert (report.completed, report.failed) == (4, 0)
+    store = TrajectoryStore.open(worker.store_url)
+    errors = {}
+    for row in store.list_trajectories(batch_id):
+        conv = check_consistent(store, batch_id, row["trajectory_id"])
+        first = conv.calls[0] if conv.calls else []
+        errors[conv.task.task_id] = [c["error"] for c in first]
+        if conv.task.task_id == "crashing-verifier":
+            assert row["reward"] == 0.0 or row["finish_reason"] != "answer"
+            if row["finish_reason"] == "answer":
+                assert "always crashes" in row["reward_error"], row
+    assert "not valid JSON" in errors["quirk-bad_json"][0], errors
+    assert "unknown tool 'browser'" in errors["quirk-unknown_tool"][0], errors
+    assert "needs the string argument" in errors["quirk-no_argument"][0], errors
+
+
+def test_training_batch_and_parquet_export_of_an_agent_batch(
+    agent_batch: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    from heddle.training import training_batch, write_export
+
+    worker, (batch_id, _), _, _ = agent_batch
+    samples = training_batch(TrajectoryStore.open(worker.store_url), batch_id)
+    assert len(samples) == 36
+    by_group: dict[str, list[float]] = {}
+    for s in samples:
+        assert len(s.token_ids) == len(s.logprobs) == len(s.loss_mask)
+        by_group.setdefault(s.group_id, []).append(s.advantage)
+    assert len(by_group) == 12
+    for advantages in by_group.values():
+        assert abs(sum(advantages)) < 1e-6
+    out = tmp_path / "batch.parquet"
+    write_export(samples, str(out), "parquet")
+    table = pq.read_table(out)
+    assert table.num_rows == 36
+    assert {"token_ids", "logprobs", "loss_mask", "reward", "group_id", "advantage"} <= set(
+        table.column_names
+    )
+    assert table.column("token_ids").to_pylist() == [s.token_ids for s in samples]
