@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -112,11 +113,12 @@ def agent_batch(agent_worker: VllmWorker, tmp_path_factory: pytest.TempPathFacto
     samples = {
         t.task_id: (1 if t.task_id.startswith(("quirk", "crashing")) else 3) for t in _tasks()
     }
-    # 12 tasks x 3 samples, then the four special tasks once each: one batch of 40.
+    # 12 tasks x 3 samples; then the four special tasks, 6 samples each.
     tasks = [t for t in _tasks() if samples[t.task_id] == 3]
     special = [t for t in _tasks() if samples[t.task_id] == 1]
     batch_id, report = asyncio.run(_rollout(agent_worker, tasks, 3))
-    special_id, special_report = asyncio.run(_rollout(agent_worker, special, 1))
+    # The taught model makes a quirk's malformed call most of the time, not always.
+    special_id, special_report = asyncio.run(_rollout(agent_worker, special, 6))
     return agent_worker, (batch_id, report), (special_id, special_report), path
 
 
@@ -167,27 +169,39 @@ def test_agent_trajectories_call_tools_read_results_and_are_rewarded(agent_batch
         assert calls[(tool, "ok")] > 0, calls
     answered = [r for r in rows if r["finish_reason"] == "answer"]
     assert len(answered) >= len(rows) // 2, Counter(r["finish_reason"] for r in rows)
-    assert any(r["reward"] == 1.0 for r in rows), [r["reward_reason"] for r in rows]
+    # Each reward is its task's verifier on the final turn (the model need not be right).
+    from activities.verify import verify
+
+    for row in answered:
+        conv = conversation(store, batch_id, row["trajectory_id"])
+        verdict = asyncio.run(verify(conv.task.verifier, conv.messages[-1]["content"]))
+        assert (row["reward"], row["reward_reason"]) == (verdict.reward, verdict.reason)
 
 
 def test_malformed_calls_are_observations_and_a_crashing_verifier_a_reward_error(
     agent_batch: Any,
 ) -> None:
     worker, _, (batch_id, report), _ = agent_batch
-    assert (report.completed, report.failed) == (4, 0)
+    assert (report.completed, report.failed) == (24, 0)
     store = TrajectoryStore.open(worker.store_url)
-    errors = {}
+    errors: dict[str, list[str]] = {}
     for row in store.list_trajectories(batch_id):
         conv = check_consistent(store, batch_id, row["trajectory_id"])
         first = conv.calls[0] if conv.calls else []
-        errors[conv.task.task_id] = [c["error"] for c in first]
+        errors.setdefault(conv.task.task_id, []).extend(c["error"] for c in first)
         if conv.task.task_id == "crashing-verifier":
-            assert row["reward"] == 0.0 or row["finish_reason"] != "answer"
+            assert row["reward"] == 0.0
             if row["finish_reason"] == "answer":
                 assert "always crashes" in row["reward_error"], row
-    assert "not valid JSON" in errors["quirk-bad_json"][0], errors
-    assert "unknown tool 'browser'" in errors["quirk-unknown_tool"][0], errors
-    assert "needs the string argument" in errors["quirk-no_argument"][0], errors
+        else:
+            assert not row["reward_error"], row
+    expected = {
+        "quirk-bad_json": "not valid JSON",
+        "quirk-unknown_tool": "unknown tool 'browser'",
+        "quirk-no_argument": "needs the string argument",
+    }
+    for task_id, error in expected.items():
+        assert any(error in e for e in errors[task_id]), errors
 
 
 def test_training_batch_and_parquet_export_of_an_agent_batch(
@@ -215,3 +229,44 @@ def test_training_batch_and_parquet_export_of_an_agent_batch(
         table.column_names
     )
     assert table.column("token_ids").to_pylist() == [s.token_ids for s in samples]
+
+
+def test_a_worker_killed_mid_batch_loses_and_duplicates_no_trajectory(
+    agent_batch: Any, model_path: Path
+) -> None:
+    """The worker (workflows, tools, the engine host and its vLLM instances) is killed
+    while a batch runs and started again: every trajectory completes once, and each
+    stored trajectory is consistent (its turns rebuilt from the store, never half)."""
+    worker = agent_batch[0]
+    tasks = load_tasks(DATA / "math.jsonl")[20:30] + load_tasks(DATA / "search.jsonl")[10:16]
+
+    async def run() -> tuple[str, BatchReport]:
+        client = await HeddleClient.connect(
+            worker.address, store_url=worker.store_url, queue_prefix=worker.prefix
+        )
+        async with client:
+            handle = await client.start_rollout(tasks=tasks, samples=2, options=OPTIONS)
+            deadline = time.monotonic() + 300
+            while (await handle.progress())["completed"] < 4:
+                assert time.monotonic() < deadline, "the batch made no progress"
+                await asyncio.sleep(0.2)
+            kill_process(worker.proc)
+            worker.proc = worker_process(
+                worker.address, worker.store_url, worker.prefix, worker.log,
+                time_scale=1.0, cluster=_cluster(model_path),
+            )  # fmt: skip
+            report = await asyncio.wait_for(handle.report(), 900)
+            return handle.batch_id, report
+
+    starts = worker.starts()
+    batch_id, report = asyncio.run(run())
+    assert worker.starts()["i0"] > starts["i0"]  # the engines really started again
+    assert (report.trajectories, report.completed, report.failed) == (32, 32, 0)
+    store = TrajectoryStore.open(worker.store_url)
+    rows = store.list_trajectories(batch_id)
+    assert sorted(r["trajectory_id"] for r in rows) == sorted(
+        f"{t.task_id}.{k}" for t in tasks for k in range(2)
+    )
+    for row in rows:
+        assert row["status"] == "completed"
+        check_consistent(store, batch_id, row["trajectory_id"])
