@@ -79,6 +79,26 @@ def _replayed(request: ToolRequest) -> ToolResult:
     )
 
 
+def _step_record(
+    inp: TrajectoryInput, index: int, generated: GenerateResult, context_tokens: int
+) -> StepRecord:
+    """What the store keeps of a step's LLM part (its tool, if any, is added after)."""
+    return StepRecord(
+        batch_id=inp.batch_id,
+        trajectory_id=inp.spec.trajectory_id,
+        step_index=index,
+        instance_id=generated.instance_id,
+        context_tokens=context_tokens,
+        output_tokens=generated.output_tokens,
+        cached_tokens=generated.cached_tokens,
+        queued_s=generated.queued_s,
+        gen_started_at=generated.started_at,
+        gen_finished_at=generated.finished_at,
+        attempt=generated.attempt,
+        resumed_tokens=generated.resumed_tokens,
+    )
+
+
 def _engine_dead_tokens(exc: ActivityError) -> int | None:
     """The tokens a step made before its engine died, or None for any other failure."""
     cause = exc.cause
@@ -161,20 +181,7 @@ class TrajectoryWorkflow:
                         step.tool is not None, then_wait_s,
                     )  # fmt: skip
                     self._generated += generated.output_tokens
-                    record = StepRecord(
-                        batch_id=inp.batch_id,
-                        trajectory_id=spec.trajectory_id,
-                        step_index=index,
-                        instance_id=generated.instance_id,
-                        context_tokens=view.context_tokens,
-                        output_tokens=generated.output_tokens,
-                        cached_tokens=generated.cached_tokens,
-                        queued_s=generated.queued_s,
-                        gen_started_at=generated.started_at,
-                        gen_finished_at=generated.finished_at,
-                        attempt=generated.attempt,
-                        resumed_tokens=generated.resumed_tokens,
-                    )
+                    record = _step_record(inp, index, generated, view.context_tokens)
                     view = view.after_output(generated.output_tokens)
                     if new_tokens < step.output_tokens:
                         finish_reason = "token_limit"
@@ -327,19 +334,7 @@ class TrajectoryWorkflow:
             view = dataclasses.replace(
                 view.after_output(made), context_tokens=outcome.context_tokens + made
             )
-            record = StepRecord(
-                batch_id=inp.batch_id,
-                trajectory_id=spec.trajectory_id,
-                step_index=index,
-                instance_id=generated.instance_id,
-                context_tokens=outcome.context_tokens,
-                output_tokens=made,
-                cached_tokens=generated.cached_tokens,
-                queued_s=generated.queued_s,
-                gen_started_at=generated.started_at,
-                gen_finished_at=generated.finished_at,
-                attempt=generated.attempt,
-            )
+            record = _step_record(inp, index, generated, outcome.context_tokens)
             if outcome.finish_reason == "context" or not outcome.calls:
                 await self._record(record)
                 if outcome.finish_reason == "context":

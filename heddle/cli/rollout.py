@@ -74,7 +74,7 @@ def rollout(
     ] = False,
 ) -> None:
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
-    from heddle.client import HeddleClient, agent_records, validate_options
+    from heddle.client import HeddleClient, validate_options
     from heddle.config import load_batch_spec
     from heddle.report import rollout_table
     from heddle.tasks import load_tasks
@@ -91,7 +91,7 @@ def rollout(
             raise ValueError(f"--samples must be >= 1, got {samples}")
         if tasks is not None:
             task_list = load_tasks(tasks)
-            records = agent_records(task_list, samples)
+            records = []  # the client makes the agent trajectories from the tasks
         elif trace is not None:
             records = load_trace(trace)
         else:
@@ -140,7 +140,8 @@ def rollout(
                     )
                 else:
                     handle = await client.start_rollout(records=records, options=options)
-                report = await _follow(handle, len(records), quiet)
+                total = len(task_list) * samples if task_list is not None else len(records)
+                report = await _follow(handle, total, quiet)
                 outcomes = await asyncio.to_thread(client.store.batch_outcomes, report.batch_id)
             console.print(rollout_table(report, target.ui_url, outcomes))
             return report, target.owned
