@@ -20,6 +20,7 @@ from engines.chat import ChatRenderer
 from heddle.store import TrajectoryStore
 from heddle.store.db import trajectory_key
 from heddle.tasks import Task
+from heddle.textfeatures import hashed_ngrams
 from heddle.toolcalls import call_input, error_observation, parse_turn, tool_schemas
 from heddle.types import AgentTurn, GenerateRequest, ToolCallRecord, TurnOutcome, TurnRecord
 
@@ -136,8 +137,12 @@ class AgentTurns:
             if call.error:
                 ref = observation_ref(agent.batch_id, tid, step, i)
                 texts[ref] = error_observation(call)
-                calls.append(ToolCallRecord(call.name, error=call.error, observation_ref=ref,
-                                            status="error"))  # fmt: skip
+                calls.append(
+                    ToolCallRecord(
+                        call.name, error=call.error, observation_ref=ref, status="error",
+                        observation_ngrams=hashed_ngrams(texts[ref]),
+                    )
+                )  # fmt: skip
             else:
                 argument = call_input(call)
                 ref = f"{key}/tool_input/{step}" + (f".{i}" if i else "")
@@ -157,7 +162,9 @@ class AgentTurns:
         ids = array("i", turn.prompt)
         ids.extend(output_ids)
         self._remember(_key(agent, request), _Context(step + 1, ids, finish_reason == "stop"))
-        return TurnOutcome(finish_reason, calls, context_tokens=len(turn.prompt))
+        return TurnOutcome(
+            finish_reason, calls, context_tokens=len(turn.prompt), output_ngrams=hashed_ngrams(text)
+        )
 
     def _remember(self, key: str, ctx: _Context) -> None:
         self._contexts[key] = ctx

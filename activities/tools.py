@@ -13,6 +13,7 @@ from activities.toolkit.base import ToolRegistry, count_tokens
 from activities.verify import verify
 from heddle import activity_names as names
 from heddle.store import TrajectoryStore
+from heddle.textfeatures import hashed_ngrams
 from heddle.types import RewardRequest, ToolRequest, ToolResult, Verdict, VerifyRequest
 
 # A verifier gets this long beyond its own (unit tests') timeout before its reward is an
@@ -58,6 +59,7 @@ class ToolActivities:
             latency_s=elapsed / self.time_scale,
             observation_ref=ref,
             error=observation.text[:200] if observation.status != "ok" else "",
+            observation_ngrams=hashed_ngrams(observation.text),
         )
 
     @activity.defn(name=names.REWARD)

@@ -48,6 +48,7 @@ def _recording(rng: random.Random, shape: workloads.WorkloadShape, tid: str, *ar
 
 def _rows(specs: list[TrajectorySpec], hidden: int) -> tuple[np.ndarray, np.ndarray, list]:
     x, y, where = predictor.training_rows(specs)
+    x = x[:, predictor.used_columns(x)]  # these traces have no text
     if hidden:
         extra = [HIDDEN[specs[t].trajectory_id][:hidden] for t, _ in where]
         x = np.hstack([x, np.asarray(extra, dtype=np.float64)])

@@ -13,7 +13,8 @@ from typing import Any
 
 from heddle.errors import TraceError
 from heddle.jsonl import json_lines
-from heddle.types import TOOL_STATUSES, StepSpec, TrajectorySpec
+from heddle.textfeatures import hashed_ngrams
+from heddle.types import TOOL_STATUSES, StepSpec, StepText, TrajectorySpec
 
 _TOP_FIELDS = {
     "trajectory_id",
@@ -32,6 +33,7 @@ _STEP_FIELDS = {
     "tool_output_tokens",
     "text",
     "tool_input",
+    "observation",
 }
 
 
@@ -43,6 +45,8 @@ class TraceRecord:
     prompt_text: str | None = None
     step_texts: tuple[str | None, ...] = ()
     reward: float | None = None
+    # Each step's tool observation, where the trace has it (`heddle trace from-batch`).
+    step_observations: tuple[str | None, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -95,6 +99,7 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
         raise TraceError(path, line, "steps", "must be a non-empty list")
     steps: list[StepSpec] = []
     texts: list[str | None] = []
+    observations: list[str | None] = []
     last = len(steps_raw) - 1
     for i, step in enumerate(steps_raw):
         where = f"steps[{i}]"
@@ -111,9 +116,13 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
         text = step.get("text")
         if text is not None and not isinstance(text, str):
             raise TraceError(path, line, f"{where}.text", "must be a string")
+        observation = step.get("observation")
+        if observation is not None and not isinstance(observation, str):
+            raise TraceError(path, line, f"{where}.observation", "must be a string")
         tool = step.get("tool")
         if tool is None:
-            for name in ("tool_latency_s", "tool_output_tokens", "tool_status", "tool_input"):
+            for name in ("tool_latency_s", "tool_output_tokens", "tool_status", "tool_input",
+                         "observation"):  # fmt: skip
                 if name in step:
                     raise TraceError(
                         path, line, f"{where}.{name}", "is set on a step without a tool"
@@ -122,7 +131,7 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
                 raise TraceError(
                     path, line, f"{where}.tool", "is required on every step but the last"
                 )
-            steps.append(StepSpec(output_tokens=output_tokens))
+            steps.append(StepSpec(output_tokens=output_tokens, text=_step_text(text, None, None)))
         else:
             if i == last:
                 raise TraceError(path, line, f"{where}.tool", "the last step must not call a tool")
@@ -159,9 +168,11 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
                         minimum=0,
                     ),
                     tool_input=tool_input,
+                    text=_step_text(text, observation, tool_input),
                 )
             )
         texts.append(text)
+        observations.append(observation)
     spec = TrajectorySpec(
         trajectory_id=trajectory_id,
         group_id=group_id,
@@ -170,8 +181,22 @@ def parse_line(obj: Any, *, path: str, line: int) -> TraceRecord:
         workload=workload,
     )
     return TraceRecord(
-        spec=spec, prompt_text=prompt_text, step_texts=tuple(texts), reward=reward, raw=obj
+        spec=spec,
+        prompt_text=prompt_text,
+        step_texts=tuple(texts),
+        reward=reward,
+        raw=obj,
+        step_observations=tuple(observations) if any(observations) else (),
     )
+
+
+def _step_text(
+    text: str | None, observation: str | None, tool_input: str | None
+) -> StepText | None:
+    """What the predictor reads of a step's texts; None for a step without any."""
+    if text is None and observation is None and tool_input is None:
+        return None
+    return StepText(hashed_ngrams(text), hashed_ngrams(observation), len(tool_input or ""))
 
 
 def load_trace(path: str | Path) -> list[TraceRecord]:
@@ -221,6 +246,9 @@ def dump_record(record: TraceRecord) -> dict[str, Any]:
         text = record.step_texts[i] if i < len(record.step_texts) else None
         if text is not None:
             item["text"] = text
+        seen = record.step_observations[i] if i < len(record.step_observations) else None
+        if seen is not None:
+            item["observation"] = seen
         steps.append(item)
     out["steps"] = steps
     return out

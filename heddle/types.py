@@ -14,6 +14,17 @@ TOOL_STATUSES = ("ok", "error", "timeout")
 
 
 @dataclass(frozen=True)
+class StepText:
+    """What a step's texts show the predictor (`heddle.textfeatures`): hashed n-grams of
+    the model's output and of the tool's observation, and the tool call's argument size.
+    Only traces with text (`heddle trace from-batch`) and agent turns have one."""
+
+    output_ngrams: tuple[float, ...] = ()
+    observation_ngrams: tuple[float, ...] = ()
+    tool_input_chars: int = 0
+
+
+@dataclass(frozen=True)
 class StepSpec:
     """One LLM step of a trace: what the engine generates, then the tool it calls, if any."""
 
@@ -26,6 +37,7 @@ class StepSpec:
     # store and in workflow history it is replaced by `tool_input_ref`, a store key.
     tool_input: str | None = None
     tool_input_ref: str = ""
+    text: StepText | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,10 @@ class TrajectoryView:
     # Tokens of the current turn made so far: a step in progress shown to a review (its
     # `generated_tokens` and `context_tokens` include them); 0 at a step boundary.
     step_tokens: int = 0
+    # The latest step's texts as the predictor reads them (`StepText`), where they exist.
+    last_output_ngrams: tuple[float, ...] = ()
+    last_observation_ngrams: tuple[float, ...] = ()
+    last_tool_input_chars: int = 0
 
     @classmethod
     def first(cls, spec: TrajectorySpec) -> TrajectoryView:
@@ -175,8 +191,9 @@ class TrajectoryView:
         return cls(spec.trajectory_id, spec.group_id, 0, spec.prompt_tokens, 0,
                    prompt_tokens=spec.prompt_tokens)  # fmt: skip
 
-    def after_output(self, tokens: int) -> TrajectoryView:
-        """As a step that made `tokens` ends, before any tool result."""
+    def after_output(self, tokens: int, ngrams: tuple[float, ...] = ()) -> TrajectoryView:
+        """As a step that made `tokens` (its text hashed to `ngrams`) ends, before any
+        tool result."""
         return dataclasses.replace(
             self,
             step_index=self.step_index + 1,
@@ -184,10 +201,21 @@ class TrajectoryView:
             generated_tokens=self.generated_tokens + tokens,
             recent_output_tokens=(*self.recent_output_tokens[-3:], tokens),
             step_tokens=0,
+            last_output_ngrams=ngrams,
+            last_observation_ngrams=(),
+            last_tool_input_chars=0,
         )
 
-    def after_tool(self, tool: str, status: str, output_tokens: int) -> TrajectoryView:
-        """As the tool's result joins the context."""
+    def after_tool(
+        self,
+        tool: str,
+        status: str,
+        output_tokens: int,
+        *,
+        input_chars: int = 0,
+        ngrams: tuple[float, ...] = (),
+    ) -> TrajectoryView:
+        """As the tool's result (its observation hashed to `ngrams`) joins the context."""
         return dataclasses.replace(
             self,
             num_tool_calls=self.num_tool_calls + 1,
@@ -196,6 +224,8 @@ class TrajectoryView:
             last_tool_output_tokens=output_tokens,
             tool_path=(*self.tool_path, tool_state(tool, output_tokens, status)),
             context_tokens=self.context_tokens + output_tokens,
+            last_observation_ngrams=ngrams,
+            last_tool_input_chars=input_chars,
         )
 
     def on(self, instance: str | None) -> TrajectoryView:
@@ -308,6 +338,7 @@ class ToolCallRecord:
     status: str = ""  # ok | error | timeout, once run
     output_tokens: int = 0
     latency_s: float = 0.0
+    observation_ngrams: tuple[float, ...] = ()
 
 
 @dataclass
@@ -317,6 +348,7 @@ class TurnOutcome:
     finish_reason: str  # stop | length | context
     calls: list[ToolCallRecord] = field(default_factory=list)
     context_tokens: int = 0  # the turn's context, tool results and prompt included
+    output_ngrams: tuple[float, ...] = ()  # of the turn's text (`heddle.textfeatures`)
 
 
 @dataclass
@@ -363,6 +395,7 @@ class ToolResult:
     # Store key of the observation text; empty for replayed calls, which have no text.
     observation_ref: str = ""
     error: str = ""
+    observation_ngrams: tuple[float, ...] = ()  # of a real observation's text
 
 
 @dataclass

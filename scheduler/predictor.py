@@ -5,9 +5,11 @@ A LightGBM regressor on log1p(remaining tokens). Features: prompt length, step i
 tokens and tool calls so far, the last tool's name, status and output size, the last
 three output lengths, errors so far, the finished siblings of the GRPO group (count,
 mean, max), the prompt's record in an earlier iteration (mean and P90 of its
-trajectories' lengths), and, for a step in progress shown to a review, the tokens its
-turn has made so far. Hashed n-grams of text are not used: the traces Heddle
-generates carry no text (a trace with `text` would add them here).
+trajectories' lengths), for a step in progress shown to a review, the tokens its turn
+has made so far, and, where the trajectory has text (agent batches, traces from them),
+the last tool call's argument size and hashed n-grams of the latest output and
+observation (`heddle.textfeatures`). A feature the history never has (text, in a
+generated trace) is left out of the fit, so text-less batches are fit as before.
 
 Its forecast is an expected count: the exp of a fit on the log is near the median,
 which falls short of the mean most where the spread is widest, at the first step. Each
@@ -29,11 +31,13 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lightgbm
 import numpy as np
 
-from heddle.types import TrajectorySpec, TrajectoryView
+from heddle.textfeatures import NGRAM_BUCKETS
+from heddle.types import StepSpec, TrajectorySpec, TrajectoryView
 from scheduler.interface import REVIEW_MIN_TOKENS
 from scheduler.libra import prompt_key
 
@@ -43,7 +47,9 @@ FEATURES = (
     "prompt_tokens", "step_index", "generated", "tool_calls", "last_tool", "last_status",
     "last_tool_output", "recent_1", "recent_2", "recent_3", "mean_output", "errors",
     "siblings_finished", "siblings_mean", "siblings_max", "prior_mean", "prior_p90",
-    "step_made",
+    "step_made", "last_input_chars",
+    *(f"output_ngram_{i}" for i in range(NGRAM_BUCKETS)),
+    *(f"observation_ngram_{i}" for i in range(NGRAM_BUCKETS)),
 )  # fmt: skip
 PARAMS = {
     "objective": "regression",
@@ -122,9 +128,13 @@ def _row(
     siblings: Sequence[int],
     prior: tuple[float, float] | None,
     step_made: int = 0,
+    input_chars: int = 0,
+    output_ngrams: Sequence[float] = (),
+    observation_ngrams: Sequence[float] = (),
 ) -> list[float]:
     nan = math.nan
     r = list(recent)[-3:][::-1] + [nan] * 3
+    missing = [nan] * NGRAM_BUCKETS
     return [
         prompt_tokens, step_index, generated, tool_calls,
         TOOLS.index(last_tool) if last_tool in TOOLS else (nan if last_tool is None else -1),
@@ -134,7 +144,17 @@ def _row(
         len(siblings), statistics.fmean(siblings) if siblings else nan,
         max(siblings) if siblings else nan,
         prior[0] if prior else nan, prior[1] if prior else nan, step_made,
+        input_chars or nan, *(output_ngrams or missing), *(observation_ngrams or missing),
     ]  # fmt: skip
+
+
+def _text_of(step: StepSpec | None) -> dict[str, Any]:
+    """A step's text features as `_row` takes them (none before the first step)."""
+    text = step.text if step is not None else None
+    if text is None:
+        return {}
+    return {"input_chars": text.tool_input_chars, "output_ngrams": text.output_ngrams,
+            "observation_ngrams": text.observation_ngrams}  # fmt: skip
 
 
 def training_rows(
@@ -176,7 +196,7 @@ def training_rows(
                         last_tool_output=last.tool_output_tokens if last else 0,
                         recent=recent, errors=errors,
                         siblings=[g for g in group if g <= so_far] if so_far else [],
-                        prior=prior, step_made=made,
+                        prior=prior, step_made=made, **_text_of(last),
                     )
                 )  # fmt: skip
                 targets.append(math.log1p(total - so_far))
@@ -201,8 +221,13 @@ class RemainingPredictor:
         smear: Sequence[float] = (),
         longest: float = math.inf,
         tail: tuple[float, float] | None = None,
+        columns: Sequence[int] | None = None,
     ) -> None:
         self.booster = booster
+        # The features the fit reads (`used_columns`), as indices into a full row.
+        self.columns = np.asarray(
+            range(len(FEATURES)) if columns is None else columns, dtype=np.int64
+        )
         self.memory = memory
         self.smear = np.asarray(smear or [1.0] * STEP_BUCKETS, dtype=np.float64)
         # The most generated tokens of any history trajectory: a total no forecast passes.
@@ -225,9 +250,11 @@ class RemainingPredictor:
         longest = float(max(s.generated_tokens for s in history))
         x, y, where = training_rows(history, mid_step=True)
         params = PARAMS | {"seed": seed}
+        columns = used_columns(x)
+        names = [FEATURES[c] for c in columns]
 
         def fit(rows: np.ndarray) -> lightgbm.Booster:
-            data = lightgbm.Dataset(x[rows], y[rows], feature_name=list(FEATURES))
+            data = lightgbm.Dataset(x[rows][:, columns], y[rows], feature_name=names)
             return lightgbm.train(params, data, num_boost_round=num_rounds)
 
         fold = np.asarray([t for t, _ in where]) % SMEAR_FOLDS
@@ -236,14 +263,19 @@ class RemainingPredictor:
         for k in range(SMEAR_FOLDS):
             held = fold == k
             if held.all():  # one trajectory: nothing to fit the others on
-                return cls(fit(every), GroupMemory.from_history(history), longest=longest)
-            out_of_fold[held] = fit(~held).predict(x[held], num_threads=1)
+                return cls(
+                    fit(every), GroupMemory.from_history(history), longest=longest,
+                    columns=columns,
+                )  # fmt: skip
+            out_of_fold[held] = fit(~held).predict(x[held][:, columns], num_threads=1)
         ratio = np.exp(y - out_of_fold)
         # Fit on step boundaries; a turn in progress takes its step's factor.
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
-        return cls(fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y))
+        return cls(
+            fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y), columns
+        )
 
     def event_row(self, event: TrajectoryView) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
@@ -261,17 +293,20 @@ class RemainingPredictor:
             siblings=self.memory.finished.get(event.group_id, []),
             prior=self.memory.prior.get(prompt_key(event.group_id)),
             step_made=event.step_tokens,
+            input_chars=event.last_tool_input_chars,
+            output_ngrams=event.last_output_ngrams,
+            observation_ngrams=event.last_observation_ngrams,
         )
 
     def median_rows(self, rows: np.ndarray) -> np.ndarray:
         """The fit's own forecast, before smearing: near the median remaining tokens."""
-        return np.expm1(self.booster.predict(rows, num_threads=1)).clip(min=1.0)
+        return np.expm1(self.booster.predict(rows[:, self.columns], num_threads=1)).clip(min=1.0)
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         """Expected remaining generated tokens for each row, up to what is left of the
         history's longest total; a trajectory already past it keeps the fit's forecast
         (the cap it was generated under is unknown, not reached)."""
-        median = np.exp(self.booster.predict(rows, num_threads=1))
+        median = np.exp(self.booster.predict(rows[:, self.columns], num_threads=1))
         expected = median * self.smear[_bucket(rows)] - 1.0
         if self.tail is not None:
             level, ratio = self.tail
@@ -282,6 +317,14 @@ class RemainingPredictor:
 
     def predict(self, event: TrajectoryView) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
+
+
+def used_columns(x: np.ndarray) -> list[int]:
+    """The features a fit on rows `x` reads: all but the text features no row has.
+    Dropping those (a text-less trace) keeps the fit what it was before they existed:
+    LightGBM samples features per tree, so even a column it never splits on changes it."""
+    first_text = FEATURES.index("last_input_chars")
+    return [c for c in range(x.shape[1]) if c < first_text or not np.isnan(x[:, c]).all()]
 
 
 def _tail(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:

@@ -412,15 +412,16 @@ def test_the_workflow_and_the_simulator_show_a_policy_one_trajectory_view() -> N
     from temporalio.converter import DataConverter
 
     from heddle.sim import simulate
-    from heddle.types import DecideRequest, StepSpec, TrajectorySpec, TrajectoryView
+    from heddle.types import DecideRequest, StepSpec, StepText, TrajectorySpec, TrajectoryView
     from scheduler.interface import Policy
     from scheduler.order import FirstComeFirstServed
     from scheduler.placement import LeastLoaded
     from scheduler.split import Homogeneous
 
+    said = StepText((0.5, 0.5), (0.25, 0.75), 17)
     spec = TrajectorySpec("t", "g", 300, (
-        StepSpec(120, "python", 1.0, "ok", 40), StepSpec(700, "search", 2.0, "error", 900),
-        StepSpec(50),
+        StepSpec(120, "python", 1.0, "ok", 40, text=said),
+        StepSpec(700, "search", 2.0, "error", 900), StepSpec(50),
     ))  # fmt: skip
     shown: list[TrajectoryView] = []
 
@@ -434,16 +435,26 @@ def test_the_workflow_and_the_simulator_show_a_policy_one_trajectory_view() -> N
     view, built = TrajectoryView.first(spec), []
     for step in spec.steps:
         built.append(view)
-        view = view.after_output(step.output_tokens)
+        text = step.text or StepText()
+        view = view.after_output(step.output_tokens, text.output_ngrams)
         if step.tool is not None:
-            view = view.after_tool(step.tool, step.tool_status, step.tool_output_tokens)
+            view = view.after_tool(
+                step.tool, step.tool_status, step.tool_output_tokens,
+                input_chars=text.tool_input_chars, ngrams=text.observation_ngrams,
+            )  # fmt: skip
     assert [v.on(None) for v in shown] == built
+    assert (built[1].last_output_ngrams, built[1].last_observation_ngrams) == (
+        (0.5, 0.5),
+        (0.25, 0.75),
+    )
+    assert built[1].last_tool_input_chars == 17
+    assert built[2].last_output_ngrams == ()
     assert built[2].tool_path == ("python:s:ok", "search:m:error")
     assert built[2].recent_output_tokens == (120, 700)
     assert built[2].context_tokens == 300 + 120 + 40 + 700 + 900
     assert built[1].in_progress(30).step_tokens == 30
     converter = DataConverter.default.payload_converter
-    request = DecideRequest(built[2].on("i3"), "libra", "b1", planned=True)
+    request = DecideRequest(built[1].on("i3"), "libra", "b1", planned=True)
     payload = converter.to_payloads([request])
     assert converter.from_payloads(payload, [DecideRequest]) == [request]
 

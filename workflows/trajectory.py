@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutOptions,
         StepRecord,
         StepReport,
+        StepText,
         ToolCallRecord,
         ToolRequest,
         ToolResult,
@@ -182,7 +183,8 @@ class TrajectoryWorkflow:
                     )  # fmt: skip
                     self._generated += generated.output_tokens
                     record = _step_record(inp, index, generated, view.context_tokens)
-                    view = view.after_output(generated.output_tokens)
+                    text = step.text or StepText()
+                    view = view.after_output(generated.output_tokens, text.output_ngrams)
                     if new_tokens < step.output_tokens:
                         finish_reason = "token_limit"
                         await self._record(record)
@@ -214,7 +216,10 @@ class TrajectoryWorkflow:
                                 ahead = _decide_request(inp, view, self._instance)
                                 await self._move_during_tool(opts, ahead)
                             tool = await tool_call
-                        view = view.after_tool(step.tool, tool.status, tool.output_tokens)
+                        view = view.after_tool(
+                            step.tool, tool.status, tool.output_tokens,
+                            input_chars=text.tool_input_chars, ngrams=text.observation_ngrams,
+                        )  # fmt: skip
                         record.tool = step.tool
                         record.tool_status = tool.status
                         record.tool_output_tokens = tool.output_tokens
@@ -332,7 +337,8 @@ class TrajectoryWorkflow:
             self._generated += generated.output_tokens
             made = generated.output_tokens
             view = dataclasses.replace(
-                view.after_output(made), context_tokens=outcome.context_tokens + made
+                view.after_output(made, outcome.output_ngrams),
+                context_tokens=outcome.context_tokens + made,
             )
             record = _step_record(inp, index, generated, outcome.context_tokens)
             if outcome.finish_reason == "context" or not outcome.calls:
@@ -342,7 +348,10 @@ class TrajectoryWorkflow:
                 return ("answer" if outcome.finish_reason == "stop" else "token_limit"), view
             calls = await self._run_calls(opts, inp, index, outcome.calls)
             for call in calls:
-                view = view.after_tool(call.name or "invalid", call.status, call.output_tokens)
+                view = view.after_tool(
+                    call.name or "invalid", call.status, call.output_tokens,
+                    input_chars=call.input_chars, ngrams=call.observation_ngrams,
+                )  # fmt: skip
             last = calls[-1]
             record.calls = calls
             record.tool, record.tool_status = last.name or "invalid", last.status
@@ -434,6 +443,7 @@ class TrajectoryWorkflow:
                 output_tokens=result.output_tokens,
                 latency_s=result.latency_s,
                 observation_ref=result.observation_ref,
+                observation_ngrams=result.observation_ngrams,
             )
         return done
 

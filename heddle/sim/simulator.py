@@ -28,7 +28,7 @@ from engines.request import EngineRequest
 from heddle.hardware import ClusterShape
 from heddle.sim.metrics import SimResult
 from heddle.stats import percentile
-from heddle.types import Decision, TrajectorySpec, TrajectoryView
+from heddle.types import Decision, StepText, TrajectorySpec, TrajectoryView
 from scheduler.interface import (
     REVIEW_EVERY_S,
     REVIEW_MIN_TOKENS,
@@ -378,7 +378,8 @@ class Simulator:
                  inst.spec.instance_id)
             )  # fmt: skip
         traj.step_offset = 0
-        traj.view = traj.view.after_output(step.output_tokens)
+        text = step.text or StepText()
+        traj.view = traj.view.after_output(step.output_tokens, text.output_ngrams)
         self.token_events.append((self.now, step.output_tokens))
         self.policy.on_step_done(traj.view, inst.spec.instance_id, step.output_tokens)
         if step.tool is None:
@@ -391,7 +392,10 @@ class Simulator:
             )
             self._reshape()
             return
-        traj.view = traj.view.after_tool(step.tool, step.tool_status, step.tool_output_tokens)
+        traj.view = traj.view.after_tool(
+            step.tool, step.tool_status, step.tool_output_tokens,
+            input_chars=text.tool_input_chars, ngrams=text.observation_ngrams,
+        )  # fmt: skip
         traj.last_tool_latency_s = step.tool_latency_s
         traj.ready_at = self.now + step.tool_latency_s
         self._push(traj.ready_at, ARRIVE, tid)

@@ -29,6 +29,7 @@ from heddle.types import (
     RolloutOptions,
     StepRecord,
     StepSpec,
+    StepText,
     TrajectorySpec,
     TrajectoryStarted,
     TrajectorySummary,
@@ -67,8 +68,18 @@ def spec_to_json(spec: TrajectorySpec) -> str:
 
 def spec_from_json(text: str) -> TrajectorySpec:
     data = json.loads(text)
-    data["steps"] = tuple(StepSpec(**s) for s in data["steps"])
+    data["steps"] = tuple(_step_from_dict(s) for s in data["steps"])
     return TrajectorySpec(**data)
+
+
+def _step_from_dict(data: dict[str, Any]) -> StepSpec:
+    text = data.pop("text", None)
+    if text is not None:
+        text = StepText(
+            tuple(text["output_ngrams"]), tuple(text["observation_ngrams"]),
+            text["tool_input_chars"],
+        )  # fmt: skip
+    return StepSpec(**data, text=text)
 
 
 # Alembic keeps its migration context in module globals: two upgrades at once in one
