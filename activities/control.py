@@ -57,7 +57,7 @@ async def plan_from_store(
     """Plan a batch in `service` from its specs and the batch created just before it."""
     specs = await asyncio.to_thread(store.load_specs, batch_id, 0, MAX_BATCH)
     before = await asyncio.to_thread(store.batch_before, batch_id)
-    history = await asyncio.to_thread(store.load_specs, before, 0, MAX_BATCH) if before else []
+    history = await asyncio.to_thread(store.history_specs, before, MAX_BATCH) if before else []
     return await asyncio.to_thread(service.plan_batch, policy, batch_id, specs, history)
 
 

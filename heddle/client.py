@@ -208,7 +208,7 @@ class HeddleClient:
     def _in_start_order(self, records: list[TraceRecord], before: str | None) -> list[TraceRecord]:
         """The batch as it will be stored and started: longest expected first, by the
         batch `before` it (`scheduler.start_order`)."""
-        history = self.store.load_specs(before, 0, MAX_HISTORY) if before else []
+        history = self.store.history_specs(before, MAX_HISTORY) if before else []
         order = longest_expected_first([r.spec for r in records], history)
         return [records[i] for i in order]
 

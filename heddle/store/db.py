@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from heddle.store.models import BatchRow, StepRow, TextRow, TrajectoryRow, TurnRow
 from heddle.tasks import Task, dump_task, parse_task
-from heddle.trace import TraceRecord
+from heddle.trace import TraceRecord, parse_line
 from heddle.types import (
     BatchReport,
     RolloutOptions,
@@ -39,6 +39,9 @@ from heddle.types import (
 # What a running trajectory writes: its start, each step (an agent's turns' tokens too),
 # its end.
 TrajectoryWrite = TrajectoryStarted | StepRecord | TurnRecord | TrajectorySummary
+
+# Keys in one `IN (...)`: well under SQLite's limit on a statement's parameters.
+TEXTS_PER_QUERY = 500
 
 # The tables as Core sees them, for the statements every step writes.
 _STEPS = cast(Table, StepRow.__table__)
@@ -227,6 +230,97 @@ class TrajectoryStore:
             rows = s.scalars(q.order_by(TrajectoryRow.position).limit(limit)).all()
         return [spec_from_json(r) for r in rows]
 
+    def batch_trace(self, batch_id: str) -> list[TraceRecord]:
+        """The completed trajectories of a batch as a trace of what they did, in batch
+        order: each step's tokens and tool as run, with the model's text and the tools'
+        observations where there are some (an agent batch). An agent step's tool output
+        is what the next turn appended to the context, in the model's tokens (the tool
+        messages with the chat template's markup); several calls in a turn are one step
+        with the last call's tool and the results joined. A trajectory that stopped at
+        the turn limit ends on its last turn's output. Each line goes through the trace
+        parser, so the records are exactly what loading the written trace gives."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(TrajectoryRow)
+                .where(TrajectoryRow.batch_id == batch_id, TrajectoryRow.status == "completed")
+                .order_by(TrajectoryRow.position)
+            ).all()
+            steps: dict[str, list[StepRow]] = {}
+            for step in s.scalars(
+                select(StepRow)
+                .join(TrajectoryRow, StepRow.trajectory_key == TrajectoryRow.key)
+                .where(TrajectoryRow.batch_id == batch_id, TrajectoryRow.status == "completed")
+                .order_by(StepRow.trajectory_key, StepRow.step_index)
+            ):
+                steps.setdefault(step.trajectory_key, []).append(step)
+            turn_texts = {
+                (key, index): text
+                for key, index, text in s.execute(
+                    select(TurnRow.trajectory_key, TurnRow.step_index, TurnRow.text)
+                    .join(TrajectoryRow, TurnRow.trajectory_key == TrajectoryRow.key)
+                    .where(TrajectoryRow.batch_id == batch_id)
+                )
+            }
+        calls = {
+            (st.trajectory_key, st.step_index): json.loads(st.calls_json)
+            for taken in steps.values()
+            for st in taken
+            if st.calls_json
+        }
+        refs = [c["observation_ref"] for cs in calls.values() for c in cs if c["observation_ref"]]
+        refs += [c["input_ref"] for cs in calls.values() for c in cs if c["input_ref"]]
+        if not turn_texts:  # a replayed batch: its trace's texts
+            refs += [f"{key}/trace/{st.step_index}" for key, taken in steps.items() for st in taken]
+        texts = self.get_texts(refs)
+        records = []
+        for line, row in enumerate(rows, start=1):
+            taken = steps.get(row.key, [])
+            if not taken:
+                continue
+            obj: dict[str, Any] = {
+                "trajectory_id": row.trajectory_id,
+                "group_id": row.group_id,
+                "workload": row.workload,
+                "prompt_tokens": taken[0].context_tokens,
+                "steps": [],
+            }
+            if row.reward is not None:
+                obj["reward"] = row.reward
+            for i, st in enumerate(taken):
+                item: dict[str, Any] = {"output_tokens": max(1, st.output_tokens)}
+                text = turn_texts.get((row.key, st.step_index)) or texts.get(
+                    f"{row.key}/trace/{st.step_index}"
+                )
+                if text:
+                    item["text"] = text
+                if st.tool is not None and i + 1 < len(taken):
+                    item.update(
+                        tool=st.tool,
+                        tool_latency_s=st.tool_latency_s,
+                        tool_status=st.tool_status or "ok",
+                        tool_output_tokens=st.tool_output_tokens,
+                    )
+                    made = calls.get((row.key, st.step_index))
+                    if made:
+                        appended = taken[i + 1].context_tokens - st.context_tokens
+                        item["tool_output_tokens"] = max(0, appended - st.output_tokens)
+                        seen = [texts.get(c["observation_ref"], "") for c in made]
+                        item["observation"] = "\n".join(seen)
+                        if made[-1]["input_ref"] in texts:
+                            item["tool_input"] = texts[made[-1]["input_ref"]]
+                obj["steps"].append(item)
+            records.append(parse_line(obj, path=f"batch {batch_id}", line=line))
+        return records
+
+    def history_specs(self, batch_id: str, limit: int) -> list[TrajectorySpec]:
+        """What a batch learns from an earlier one: a replayed batch's trace specs, an
+        agent batch's trajectories as they ran (`batch_trace`: its stored specs hold
+        only the task)."""
+        first = self.load_specs(batch_id, 0, 1)
+        if first and first[0].task_id:
+            return [r.spec for r in self.batch_trace(batch_id)[:limit]]
+        return self.load_specs(batch_id, 0, limit)
+
     def batch_before(self, batch_id: str | None = None) -> str | None:
         """The batch created just before `batch_id` (None: the latest batch): the earlier
         iteration a batch learns from."""
@@ -400,11 +494,13 @@ class TrajectoryStore:
 
     def get_texts(self, refs: Sequence[str]) -> dict[str, str]:
         """Many texts at once (a turn's tool results): those that exist."""
-        if not refs:
-            return {}
+        out: dict[str, str] = {}
         with self._session() as s:
-            rows = s.execute(select(TextRow.ref, TextRow.content).where(TextRow.ref.in_(refs)))
-            return {ref: content for ref, content in rows}
+            for at in range(0, len(refs), TEXTS_PER_QUERY):
+                part = refs[at : at + TEXTS_PER_QUERY]
+                rows = s.execute(select(TextRow.ref, TextRow.content).where(TextRow.ref.in_(part)))
+                out.update((ref, content) for ref, content in rows)
+        return out
 
     def _record_step(self, conn: Connection, record: StepRecord) -> None:
         """One step's row, written again in place by a retry: an upsert and a guarded
