@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from heddle.config import BatchSpec
+from heddle.history import load_history
 from heddle.queues import control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
@@ -140,6 +141,7 @@ class HeddleClient:
         samples: int = 1,
         options: RolloutOptions | None = None,
         batch_id: str | None = None,
+        history: str | Path | list[TraceRecord] | None = None,
     ) -> RolloutHandle:
         """Validate the input and options, store the batch, then start its workflow.
 
@@ -147,6 +149,10 @@ class HeddleClient:
         synthetic workload), or from tasks (a task file or list): `samples` agent
         trajectories of each, which the model writes. A bad trace or task file raises
         `TraceError` or `TaskError` before the store or Temporal is touched.
+
+        `history` (a trace or a training export: `heddle.history`) is the earlier
+        iteration a learning policy starts from, in place of the store's latest batch;
+        it is stored as a batch of status "history", just before this one.
         """
         if sum(x is not None for x in (trace, records, spec, tasks)) != 1:
             raise ValueError("pass exactly one of trace=, records=, spec= or tasks=")
@@ -177,8 +183,23 @@ class HeddleClient:
         validate_options(options)
         options = replace(options, plans_split=options.policy in PLANS_SPLIT)
         learns = options.plans_split and not options.policy.endswith("-oracle")
+        earlier: list[TraceRecord] = []
+        if history is not None:
+            earlier = (
+                history if isinstance(history, list)
+                else await asyncio.to_thread(load_history, history)
+            )  # fmt: skip
         # The earlier batch: what a learning policy plans from and the start order ranks by.
         before = await asyncio.to_thread(self.store.batch_before)
+        if earlier:
+            before = f"history-{new_batch_id().removeprefix('batch-')}"
+            await asyncio.to_thread(
+                lambda: self.store.create_batch(
+                    batch_id=before, records=earlier, options=options, status="history",
+                    source=f"history:{history if not isinstance(history, list) else 'records'}",
+                    created_at=time.time() - 1e-3,  # strictly before this batch
+                )
+            )  # fmt: skip
         if learns and before is None:
             raise ValueError(
                 f"policy {options.policy!r} learns from an earlier batch in the store: "

@@ -395,3 +395,51 @@ def test_trace_stats(tmp_path: Path) -> None:
     stats = json.loads(result.stdout)
     assert stats["trajectories"] == 16
     assert stats["groups"] == 2
+
+
+def test_a_learning_policy_starts_from_a_history_file_and_a_batch_becomes_a_trace(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """`rollout --history FILE` on an empty store: heddle plans from the file (stored
+    as a "history" batch just before); `trace from-batch` writes what the batch did; a
+    bad history file is one `error:` line naming its line and field, and stores nothing."""
+    from heddle.trace import load_trace
+
+    earlier = write_records(tmp_path / "it0.jsonl", generate("math", prompts=1, samples=4))
+    now = generate("math", prompts=1, samples=4, iteration=1)
+    trace = write_records(tmp_path / "it1.jsonl", now)
+    bad = tmp_path / "bad-export.jsonl"
+    bad.write_text(
+        json.dumps({"trajectory_id": "a", "group_id": "g", "loss_mask": [0, 1]}) + "\n"
+        + json.dumps({"trajectory_id": "b", "group_id": "g", "loss_mask": [0, 2]}) + "\n"
+    )  # fmt: skip
+    common = ["--address", temporal_address, "--store", store_url, "--queue-prefix", queue_prefix]
+    refused = heddle("rollout", "--trace", str(trace), "--history", str(bad), *common)
+    assert refused.returncode == 2
+    assert f"{bad}:2: field 'loss_mask'" in refused.stderr.replace("\n", "")
+    assert TrajectoryStore.open(store_url).list_batches() == []
+
+    async def run() -> subprocess.CompletedProcess[str]:
+        async with in_process_worker(temporal_address, store_url, queue_prefix, time_scale=0.02):
+            return await asyncio.to_thread(
+                heddle, "rollout", "--trace", str(trace), "--policy", "heddle",
+                "--history", str(earlier), "--quiet", *common,
+            )  # fmt: skip
+
+    result = asyncio.run(run())
+    assert result.returncode == 0, result.stderr
+    assert "4 (4 completed, 0 failed)" in result.stdout
+    store = TrajectoryStore.open(store_url)
+    rolled, history = store.list_batches()  # newest first
+    assert history["status"] == "history"
+    assert store.batch_before(rolled["batch_id"]) == history["batch_id"]
+    out = tmp_path / "from-batch.jsonl"
+    written = heddle("trace", "from-batch", rolled["batch_id"], "--out", str(out), "--store",
+                     store_url)  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    by_id = {r.spec.trajectory_id: r.spec for r in now}
+    for record in load_trace(out):
+        assert record.spec == by_id[record.spec.trajectory_id]
+    missing = heddle("trace", "from-batch", "nope", "--store", store_url)
+    assert missing.returncode == 2
+    assert "error: no batch 'nope'" in missing.stderr

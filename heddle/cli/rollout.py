@@ -40,6 +40,13 @@ def rollout(
         Path | None, typer.Option(help="Task file (JSON Lines): the model works on each.")
     ] = None,
     samples: Annotated[int, typer.Option(help="Agent trajectories per task (--tasks).")] = 1,
+    history: Annotated[
+        Path | None,
+        typer.Option(
+            help="An earlier iteration a learning policy starts from: a trace or a training "
+            "export (heddle trace from-batch, heddle export); default: the store's latest batch."
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (--tasks).")] = 1.0,
     max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (--tasks).")] = 512,
     cluster: ClusterOpt = None,
@@ -76,6 +83,7 @@ def rollout(
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
     from heddle.client import HeddleClient, validate_options
     from heddle.config import load_batch_spec
+    from heddle.history import load_history
     from heddle.report import rollout_table
     from heddle.tasks import load_tasks
     from heddle.trace import load_trace
@@ -86,7 +94,10 @@ def rollout(
         raise fail("give exactly one of --trace FILE, --spec FILE or --tasks FILE")
     # Everything the user gave is checked before anything starts.
     task_list = None
+    earlier = None
     try:
+        if history is not None:
+            earlier = load_history(history)
         if samples < 1:
             raise ValueError(f"--samples must be >= 1, got {samples}")
         if tasks is not None:
@@ -136,10 +147,12 @@ def rollout(
             async with client:
                 if task_list is not None:
                     handle = await client.start_rollout(
-                        tasks=task_list, samples=samples, options=options
+                        tasks=task_list, samples=samples, options=options, history=earlier
                     )
                 else:
-                    handle = await client.start_rollout(records=records, options=options)
+                    handle = await client.start_rollout(
+                        records=records, options=options, history=earlier
+                    )
                 total = len(task_list) * samples if task_list is not None else len(records)
                 report = await _follow(handle, total, quiet)
                 outcomes = await asyncio.to_thread(client.store.batch_outcomes, report.batch_id)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from heddle.cli.common import console, fail, load_or_fail
+from heddle.cli.common import StateDir, StoreOpt, console, fail, load_or_fail, store_url
 
 app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
 
@@ -61,3 +61,28 @@ def trace_validate(path: Path) -> None:
 
     records = load_or_fail(load_trace, path)
     console.print(f"{path}: {len(records)} trajectories, valid")
+
+
+@app.command("from-batch")
+def trace_from_batch(
+    batch: str,
+    out: Annotated[Path, typer.Option(help="Trace file to write.")] = Path("trace.jsonl"),
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
+) -> None:
+    """Write a finished batch's completed trajectories as a trace of what they did (an
+    agent batch's turns, tool calls and observations): replay it live or simulate it."""
+    from heddle.store import TrajectoryStore
+    from heddle.trace import dump_record
+
+    st = TrajectoryStore.open(store_url(store, state_dir))
+    if st.get_batch(batch) is None:
+        raise fail(f"no batch {batch!r} in the store")
+    records = st.batch_trace(batch)
+    if not records:
+        raise fail(f"batch {batch!r} has no completed trajectory")
+    with out.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(dump_record(r), separators=(",", ":")) + "\n")
+    tokens = sum(r.spec.generated_tokens for r in records)
+    console.print(f"wrote {len(records)} trajectories, {tokens:,} generated tokens, to {out}")

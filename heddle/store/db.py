@@ -155,9 +155,11 @@ class TrajectoryStore:
         source: str,
         created_at: float,
         tasks: Sequence[Task] = (),
+        status: str = "running",
     ) -> int:
         """Insert a batch with all its trajectories and texts (and the tasks of an agent
-        batch), atomically."""
+        batch), atomically. A batch of status "history" is an earlier iteration given as
+        a file (`heddle rollout --history`): it never runs, later batches learn from it."""
         with self._session() as s:
             if s.get(BatchRow, batch_id) is not None:
                 raise ValueError(f"batch {batch_id!r} already exists in the store")
@@ -204,6 +206,7 @@ class TrajectoryStore:
             s.add(
                 BatchRow(
                     batch_id=batch_id,
+                    status=status,
                     policy=options.policy,
                     source=source,
                     options_json=json.dumps(dataclasses.asdict(options)),
