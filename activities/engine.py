@@ -180,7 +180,9 @@ class EngineActivities:
         before_tool = bool(outcome.calls)
         next_instance = ""
         if lean and before_tool:
-            next_instance = self._anticipate(request, engine.instance_id, len(ids))
+            next_instance = self._anticipate(
+                request, engine.instance_id, len(ids), outcome.output_ngrams
+            )
         return GenerateResult(
             instance_id=engine.instance_id,
             output_tokens=len(ids),
@@ -266,13 +268,19 @@ class EngineActivities:
                 StepReport(request.trajectory_id, instance_id, request.step_index, 0)
             )
 
-    def _anticipate(self, request: GenerateRequest, instance_id: str, made: int) -> str:
+    def _anticipate(
+        self,
+        request: GenerateRequest,
+        instance_id: str,
+        made: int,
+        ngrams: tuple[float, ...] = (),
+    ) -> str:
         """Re-predict as the step ends, before the tool's result; where the new rank
         calls for another instance, the KV moves there while the tool runs."""
         if not request.anticipate or self.service is None or request.decided is None:
             return ""
         assert self.pool is not None
-        ahead = request.decided.after_output(made)
+        ahead = request.decided.after_output(made, ngrams)
         try:
             move = self.service.anticipate(ahead, time.time())
         except Exception:  # no move: the next decide places the step anyway

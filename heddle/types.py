@@ -257,10 +257,10 @@ class DecideRequest:
     def trajectory_id(self) -> str:
         return self.view.trajectory_id
 
-    def after_output(self, tokens: int) -> DecideRequest:
+    def after_output(self, tokens: int, ngrams: tuple[float, ...] = ()) -> DecideRequest:
         """The request as the step's `tokens` end, before any tool result: what the
         engine host re-predicts from during the tool call."""
-        return dataclasses.replace(self, view=self.view.after_output(tokens))
+        return dataclasses.replace(self, view=self.view.after_output(tokens, ngrams))
 
 
 @dataclass

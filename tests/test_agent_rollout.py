@@ -52,6 +52,9 @@ def _cluster(model: Path) -> ClusterConfig:
         num_gpus=2,
         max_num_seqs=32,
         max_num_batched_tokens=4096,
+        # TP 1 only: heddle's split then plans instances a CPU runs (TP 2 needs the OMP
+        # threads bound per rank, ENVIRONMENT.md).
+        tp_choices=(1,),
         engine=EngineConfig(kind="vllm", model_path=str(model), max_model_len=4096, kv_cache_gib=1),
     )
 
@@ -96,12 +99,14 @@ def _tasks() -> list[Task]:
     return picked
 
 
-async def _rollout(worker: VllmWorker, tasks: Any, samples: int) -> tuple[str, BatchReport]:
+async def _rollout(
+    worker: VllmWorker, tasks: Any, samples: int, options: RolloutOptions = OPTIONS
+) -> tuple[str, BatchReport]:
     client = await HeddleClient.connect(
         worker.address, store_url=worker.store_url, queue_prefix=worker.prefix
     )
     async with client:
-        handle = await client.start_rollout(tasks=tasks, samples=samples, options=OPTIONS)
+        handle = await client.start_rollout(tasks=tasks, samples=samples, options=options)
         report = await asyncio.wait_for(handle.report(), 900)
         return handle.batch_id, report
 
@@ -270,3 +275,37 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_no_trajectory(
     for row in rows:
         assert row["status"] == "completed"
         check_consistent(store, batch_id, row["trajectory_id"])
+
+
+def test_heddle_learns_from_the_agent_batch_before_and_its_trace_replays_in_the_simulator(
+    agent_batch: Any,
+) -> None:
+    """Last in the module: heddle re-plans the cluster. It plans an agent batch from the
+    agent batch before it, as that batch ran (its turns, calls and texts), with the
+    predictor reading the text features; the new batch's own trace then simulates."""
+    from heddle.bench import run_bench
+    from scheduler.predictor import FEATURES, RemainingPredictor
+
+    worker = agent_batch[0]
+    store = TrajectoryStore.open(worker.store_url)
+    before = store.batch_before()
+    assert before is not None
+    history = store.history_specs(before, 100_000)
+    assert len(history) == len(store.batch_trace(before)) > 0
+    assert any(step.tool and step.text for s in history for step in s.steps)
+    used = {FEATURES[c] for c in RemainingPredictor.train(history).columns}
+    assert {"last_input_chars", "output_ngram_0", "observation_ngram_0"} <= used
+
+    tasks = load_tasks(DATA / "math.jsonl")[30:38]
+    options = dataclasses.replace(OPTIONS, policy="heddle")
+    batch_id, report = asyncio.run(_rollout(worker, tasks, 2, options))
+    assert (report.trajectories, report.completed, report.failed) == (16, 16, 0)
+    assert report.policy == "heddle"
+    for row in store.list_trajectories(batch_id):
+        check_consistent(store, batch_id, row["trajectory_id"])
+    trace = [r.spec for r in store.batch_trace(batch_id)]
+    assert len(trace) == 16
+    bench = run_bench(trace, _cluster(agent_model()), ["heddle", "verl"], history=history)
+    for result in bench.results.values():
+        assert len(result.completion_times) == result.trajectories == 16
+        assert result.generated_tokens == sum(s.generated_tokens for s in trace)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -15,9 +15,13 @@ from rich.console import Console
 from heddle.config import ClusterConfig, EngineConfig, load_cluster
 from heddle.errors import InputError
 
+if TYPE_CHECKING:
+    from heddle.store import TrajectoryStore
+
 console = Console()
 err = Console(stderr=True)
 
+BatchArg = Annotated[str, typer.Argument(help="A batch id, or 'latest'.")]
 StateDir = Annotated[Path, typer.Option(help="Where the embedded stack keeps its state.")]
 Address = Annotated[str | None, typer.Option(help="HOST:PORT of a running Temporal server.")]
 StoreOpt = Annotated[
@@ -82,3 +86,13 @@ def store_url(store: str | None, state_dir: Path) -> str:
         or os.environ.get("HEDDLE_STORE_URL")
         or f"sqlite:///{(state_dir / 'store.db').resolve()}"
     )
+
+
+def batch_or_fail(store: TrajectoryStore, batch: str) -> str:
+    """The batch a command names ("latest": the store's newest), or one `error:` line."""
+    found = store.batch_before() if batch == "latest" else batch
+    if found is None:
+        raise fail(f"the store {store.url} holds no batch")
+    if store.get_batch(found) is None:
+        raise fail(f"no batch {batch!r} in the store {store.url}")
+    return found

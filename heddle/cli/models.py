@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +20,8 @@ def model_tiny(
     teach: Annotated[
         str | None,
         typer.Option(
-            help="'agent': teach it the agent format (tool calls, answers), "
-            "about 10 minutes on 2 cores."
+            help="'agent': teach it the agent format (tool calls, answers): about 10 "
+            "minutes on 2 cores the first time, then from the cache (~/.cache/heddle/models)."
         ),
     ] = None,
 ) -> None:
@@ -34,9 +35,11 @@ def model_tiny(
         raise fail(f"needs the vllm extra (torch, transformers): {exc}") from None
     try:
         if teach == "agent":
-            from heddle.teach import teach_agent
+            from heddle.teach import cached_agent_model
 
-            teach_agent(out, seed=seed)
+            # Taught once per source version and seed, then copied (`make test` has
+            # usually taught it already).
+            shutil.copytree(cached_agent_model(seed=seed), out, dirs_exist_ok=True)
         else:
             build_tiny_model(out, seed=seed)
     except ModuleNotFoundError as exc:

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from heddle.cli.common import StateDir, StoreOpt, console, fail, load_or_fail, store_url
+from heddle.cli.common import (
+    BatchArg,
+    StateDir,
+    StoreOpt,
+    batch_or_fail,
+    console,
+    fail,
+    load_or_fail,
+    store_url,
+)
 
 app = typer.Typer(help="Make and check trace files.", no_args_is_help=True)
 
@@ -65,7 +74,7 @@ def trace_validate(path: Path) -> None:
 
 @app.command("from-batch")
 def trace_from_batch(
-    batch: str,
+    batch: BatchArg,
     out: Annotated[Path, typer.Option(help="Trace file to write.")] = Path("trace.jsonl"),
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
@@ -76,8 +85,7 @@ def trace_from_batch(
     from heddle.trace import dump_record
 
     st = TrajectoryStore.open(store_url(store, state_dir))
-    if st.get_batch(batch) is None:
-        raise fail(f"no batch {batch!r} in the store")
+    batch = batch_or_fail(st, batch)
     records = st.batch_trace(batch)
     if not records:
         raise fail(f"batch {batch!r} has no completed trajectory")

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from heddle.cli.common import StateDir, StoreOpt, console, fail, store_url
+from heddle.cli.common import (
+    BatchArg,
+    StateDir,
+    StoreOpt,
+    batch_or_fail,
+    console,
+    fail,
+    store_url,
+)
 
 app = typer.Typer(help="List and inspect trajectories.", no_args_is_help=True)
 
@@ -23,7 +31,7 @@ def batches(state_dir: StateDir = Path(".heddle"), store: StoreOpt = None) -> No
 
 @app.command("list")
 def trajectories_list(
-    batch: str,
+    batch: BatchArg,
     status: str | None = None,
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
@@ -34,12 +42,13 @@ def trajectories_list(
     from heddle.store import TrajectoryStore
 
     st = TrajectoryStore.open(store_url(store, state_dir))
+    batch = batch_or_fail(st, batch)
     console.print(trajectories_table(st.list_trajectories(batch, status=status, limit=limit)))
 
 
 @app.command("show")
 def trajectories_show(
-    batch: str,
+    batch: BatchArg,
     trajectory: str,
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
@@ -51,6 +60,7 @@ def trajectories_show(
     from heddle.store import TrajectoryStore
 
     st = TrajectoryStore.open(store_url(store, state_dir))
+    batch = batch_or_fail(st, batch)
     record = st.get_trajectory(batch, trajectory)
     if record is None:
         raise fail(f"no trajectory {trajectory!r} in batch {batch!r}")
@@ -61,7 +71,7 @@ def trajectories_show(
 
 
 def export(
-    batch: str,
+    batch: BatchArg,
     out: Path,
     fmt: str = typer.Option("jsonl", "--format", help="jsonl or parquet"),
     state_dir: StateDir = Path(".heddle"),
@@ -75,8 +85,7 @@ def export(
     if fmt not in ("jsonl", "parquet"):
         raise fail(f"--format must be jsonl or parquet, got {fmt!r}")
     st = TrajectoryStore.open(store_url(store, state_dir))
-    if st.get_batch(batch) is None:
-        raise fail(f"no batch {batch!r} in the store {st.url}")
+    batch = batch_or_fail(st, batch)
     samples = training_batch(st, batch)
     try:
         write_export(samples, str(out), fmt)
