@@ -277,6 +277,40 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_no_trajectory(
         check_consistent(store, batch_id, row["trajectory_id"])
 
 
+def test_the_cli_runs_agent_rollouts_and_exports_them(agent_batch: Any, tmp_path: Path) -> None:
+    """`heddle rollout --tasks` on the worker's engines prints the report with rewards;
+    `heddle export latest` writes the batch's training data; a bad task line is refused
+    before anything starts."""
+    import pyarrow.parquet as pq
+
+    from tests.test_cli import heddle
+
+    worker = agent_batch[0]
+    tasks = tmp_path / "tasks.jsonl"
+    picked = load_tasks(DATA / "math.jsonl")[40:44]
+    tasks.write_text("".join(json.dumps(dump_task(t)) + "\n" for t in picked))
+    common = ["--address", worker.address, "--store", worker.store_url,
+              "--queue-prefix", worker.prefix]  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(tasks.read_text() + json.dumps({"task_id": "x", "workload": "math"}) + "\n")
+    refused = heddle("rollout", "--tasks", str(bad), "--samples", "2", *common)
+    assert refused.returncode == 2
+    assert f"{bad}:5: field" in refused.stderr.replace("\n", "")
+    result = heddle("rollout", "--tasks", str(tasks), "--samples", "2", "--seed", "7",
+                    "--max-tokens-per-turn", "192", "--max-turns", "6", *common)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "8 (8 completed, 0 failed)" in result.stdout
+    assert "mean reward / pass rate" in result.stdout
+    assert "finish reasons" in result.stdout
+    out = tmp_path / "batch.parquet"
+    exported = heddle("export", "latest", str(out), "--format", "parquet",
+                      "--store", worker.store_url)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    table = pq.read_table(out)
+    assert table.num_rows == 8
+    assert set(table.column("group_id").to_pylist()) == {t.task_id for t in picked}
+
+
 def test_heddle_learns_from_the_agent_batch_before_and_its_trace_replays_in_the_simulator(
     agent_batch: Any,
 ) -> None:

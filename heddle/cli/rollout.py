@@ -49,6 +49,9 @@ def rollout(
     ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (--tasks).")] = 1.0,
     max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (--tasks).")] = 512,
+    seed: Annotated[
+        int, typer.Option(help="Sampling seed (--tasks): a batch's samples are fixed by it.")
+    ] = 0,
     cluster: ClusterOpt = None,
     address: Address = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
@@ -121,13 +124,11 @@ def rollout(
             central_scheduler=central_scheduler,
             temperature=temperature,
             max_tokens_per_turn=max_tokens_per_turn,
+            seed=seed,
         )
         validate_options(options)
-        if task_list is not None and cfg.engine.kind != "vllm":
-            raise ValueError(
-                "agent rollouts (--tasks) need a model: give --model DIR (vLLM engines), "
-                "or a --cluster whose engine is vllm"
-            )
+        if task_list is not None:
+            _check_engines_write(cfg.engine.kind, address, state_dir)
 
     except (InputError, ValueError) as exc:
         raise fail(str(exc)) from None
@@ -171,6 +172,30 @@ def rollout(
             f"The stack has stopped; its state is kept in {state_dir}/. `heddle dev "
             f"--state-dir {state_dir}` brings it back with the Web UI, and `temporal workflow "
             f"list` then shows every trajectory."
+        )
+
+
+def _check_engines_write(kind: str, address: str | None, state_dir: Path) -> None:
+    """Agent rollouts need engines that run a model: those of the stack this command
+    starts (`kind`), or of the `heddle dev` running on `state_dir`. A server at
+    `--address` says nothing of its workers' engines: a worker without a model fails the
+    batch's trajectories with `NoAgentModel`."""
+    from heddle.runtime.stack import running_stack
+
+    if address:
+        return
+    running = running_stack(state_dir)
+    if running is not None:
+        if running.get("engine", "vllm") != "vllm":
+            raise ValueError(
+                f"agent rollouts (--tasks) need a model, and the stack running on {state_dir} "
+                "has simulated engines: start it with --engine vllm --model DIR"
+            )
+        return
+    if kind != "vllm":
+        raise ValueError(
+            "agent rollouts (--tasks) need a model: give --model DIR (vLLM engines), "
+            "or a --cluster whose engine is vllm"
         )
 
 

@@ -238,6 +238,7 @@ def write_stack_file(state_dir: Path, stack: EmbeddedStack) -> None:
         "ui_url": stack.ui_url,
         "time_scale": stack.time_scale,
         "store_url": stack.store_url,
+        "engine": stack.cluster.engine.kind,
     }
     (Path(state_dir) / STACK_FILE).write_text(json.dumps(info, indent=2))
 
