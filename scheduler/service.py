@@ -82,6 +82,11 @@ class SchedulerService:
         self.instance_ids: list[str] = []
         self.tps: dict[str, int] = {}
         self.in_flight: dict[str, int] = {}
+        # Where each trajectory's one step in flight runs: a decide made again for the same
+        # step (its workflow task retried, the first result lost) replaces it rather than
+        # counting a second step, which no report would ever take back (a retired
+        # instance then never drains).
+        self._running: dict[str, str] = {}
         self.kv_usage: dict[str, float] = {}
         self._last_instance: dict[str, str] = {}
         # Policies by (name, batch): "" for the shared one of a policy that plans nothing.
@@ -234,7 +239,7 @@ class SchedulerService:
             priority_key=self._buckets[key].key(decision.priority),
             anticipate=self._policies[key].migrates,
         )
-        self.in_flight[decision.instance_id] += 1
+        self._start(request.trajectory_id, decision.instance_id)
         self._last_instance[request.trajectory_id] = decision.instance_id
         self._last_request[request.trajectory_id] = request
         return decision
@@ -295,16 +300,34 @@ class SchedulerService:
                 target = live[decision.instance_id]
                 if target == source[tid]:
                     continue
-                self.in_flight[target] += 1  # the continued step reports there
+                self._start(tid, target)  # the continued step reports there
                 self._last_instance[tid] = target
                 moves.append((tid, source[tid], target))
         return moves
 
+    def _start(self, trajectory_id: str, instance_id: str) -> None:
+        """The trajectory's step is in flight on `instance_id` (and nowhere else)."""
+        self._release(self._running.get(trajectory_id))
+        self._running[trajectory_id] = instance_id
+        self.in_flight[instance_id] = self.in_flight.get(instance_id, 0) + 1
+
+    def _release(self, instance_id: str | None) -> None:
+        if instance_id is not None and self.in_flight.get(instance_id, 0) > 0:
+            self.in_flight[instance_id] -= 1
+
     def report(self, report: StepReport) -> None:
-        if self.in_flight.get(report.instance_id, 0) > 0:
-            self.in_flight[report.instance_id] -= 1
+        """A step ended (or left `report.instance_id` to go on elsewhere). A report of a
+        step the service does not know (decided before a restart) takes one off its
+        instance's count; one of a step superseded by a later decide or move, nothing."""
+        running = self._running.get(report.trajectory_id)
+        if running == report.instance_id:
+            del self._running[report.trajectory_id]
+            self._release(running)
+        elif running is None:
+            self._release(report.instance_id)
 
     def finished(self, done: TrajectoryDone) -> None:
+        self._release(self._running.pop(done.trajectory_id, None))
         self._last_instance.pop(done.trajectory_id, None)
         self._last_request.pop(done.trajectory_id, None)
         key = (done.policy, done.batch_id)

@@ -71,3 +71,22 @@ def test_an_anticipated_move_is_where_the_next_step_finds_the_trajectory(
     assert second.instance_id == "i1"
     assert not second.migrate
     assert service.anticipate(_request(1, "test-move"), 2.0) is None  # already there
+
+
+def test_a_step_decided_again_is_counted_once() -> None:
+    """A decide made again for the same step (its workflow task retried after the first
+    result was lost, or its engine gone) replaces the first: the counts a drain waits on
+    come back to zero once the step reports."""
+    service = SchedulerService(instance_ids=["i0", "i1"])
+    first = service.decide(_request(0), 0.0)
+    again = service.decide(_request(0), 0.1)
+    assert sum(service.in_flight.values()) == 1
+    service.report(StepReport("t0", again.instance_id, 0, 10))
+    assert service.in_flight == {"i0": 0, "i1": 0}
+    # A report of a superseded step (on the instance of the first decide) takes nothing.
+    service.decide(_request(1), 1.0)
+    service._start("t0", "i1")  # moved on mid-step, as a review does
+    service.report(StepReport("t0", first.instance_id, 1, 5))
+    assert service.in_flight == {"i0": 0, "i1": 1}
+    service.report(StepReport("t0", "i1", 1, 5))
+    assert service.in_flight == {"i0": 0, "i1": 0}
