@@ -37,9 +37,13 @@ ModelOpt = Annotated[
     typer.Option("--model", help="Model folder for vLLM engines (heddle model tiny --out DIR)."),
 ]
 
-# Two vLLM instances with batches a CPU runs (examples/cluster-cpu.yaml says the same).
+# Two vLLM instances with batches a CPU runs (examples/cluster-cpu.yaml says the same), at
+# TP 1 only: vLLM's CPU build runs TP 2 only with its OpenMP threads bound per rank, and
+# slower than one worker on 2 cores (ENVIRONMENT.md), so heddle's split must not ask for it.
 T = TypeVar("T")
-CPU_CLUSTER = ClusterConfig(num_gpus=2, max_num_seqs=32, max_num_batched_tokens=4096)
+CPU_CLUSTER = ClusterConfig(
+    num_gpus=2, max_num_seqs=32, max_num_batched_tokens=4096, tp_choices=(1,)
+)
 
 
 def fail(message: str) -> typer.Exit:
