@@ -10,22 +10,35 @@ slower live (docs/notes/issue-26-live-path.md).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.scheduler import Scheduler
 from heddle import activity_names as names
 from heddle.store import TrajectoryStore
 from heddle.types import (
     BatchReport,
     BatchStart,
+    RewardRequest,
     SpecPage,
     SpecPageRequest,
     StepRecord,
+    TrajectoryEnd,
     TrajectoryStarted,
     TrajectorySummary,
 )
+
+
+def replay_reward(recorded: float | None, request: RewardRequest) -> float:
+    """A replayed trajectory's reward: its trace's where it has one; else 1 for one that
+    reached a final answer after a successful last tool call, 0 otherwise."""
+    if recorded is not None:
+        return recorded
+    ok_tool = request.last_tool_status in (None, "ok")
+    return 1.0 if request.finish_reason == "answer" and ok_tool else 0.0
 
 
 class StoreActivities:
@@ -35,10 +48,12 @@ class StoreActivities:
         store: TrajectoryStore,
         time_scale: float,
         instance_ids: Callable[[], list[str]] = list,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.store = store
         self.time_scale = time_scale
         self.instance_ids = instance_ids  # the engine instances taking steps now
+        self.scheduler = scheduler  # told of each trajectory's end (`end_trajectory`)
 
     @activity.defn(name=names.BEGIN_BATCH)
     async def begin_batch(self, batch_id: str) -> BatchStart:
@@ -67,6 +82,25 @@ class StoreActivities:
     @activity.defn(name=names.FINISH_TRAJECTORY)
     async def finish_trajectory(self, summary: TrajectorySummary) -> None:
         await asyncio.to_thread(self.store.write, [summary])
+
+    @activity.defn(name=names.END_TRAJECTORY)
+    async def end_trajectory(self, end: TrajectoryEnd) -> float:
+        """The last step, the reward and the summary in one transaction, then the
+        scheduler service told: one local activity where there were four. A retry
+        writes the same rows again and tells the service again (it forgets twice)."""
+
+        def write() -> float:
+            summary = end.summary
+            if end.reward is not None:
+                recorded = self.store.trace_reward(summary.batch_id, summary.trajectory_id)
+                summary = dataclasses.replace(summary, reward=replay_reward(recorded, end.reward))
+            self.store.write([*([end.last_step] if end.last_step else []), summary])
+            return summary.reward
+
+        reward = await asyncio.to_thread(write)
+        if self.scheduler is not None:
+            await self.scheduler.finished(end.done)
+        return reward
 
     @activity.defn(name=names.FINISH_BATCH)
     async def finish_batch(self, report: BatchReport) -> None:

@@ -9,6 +9,7 @@ from temporalio import activity
 
 from activities.agent import observation_ref
 from activities.heartbeat import heartbeating
+from activities.store import replay_reward
 from activities.toolkit.base import ToolRegistry, count_tokens
 from activities.verify import verify
 from heddle import activity_names as names
@@ -69,10 +70,7 @@ class ToolActivities:
         recorded = await asyncio.to_thread(
             self.store.trace_reward, request.batch_id, request.trajectory_id
         )
-        if recorded is not None:
-            return recorded
-        ok_tool = request.last_tool_status in (None, "ok")
-        return 1.0 if request.finish_reason == "answer" and ok_tool else 0.0
+        return replay_reward(recorded, request)
 
     @activity.defn(name=names.VERIFY)
     async def verify(self, request: VerifyRequest) -> Verdict:

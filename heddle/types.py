@@ -534,6 +534,19 @@ class RewardRequest:
 
 
 @dataclass
+class TrajectoryEnd:
+    """A trajectory's end in one local activity (`names.END_TRAJECTORY`): its last step's
+    record, if not yet written, the reward (from `reward`: a replayed trajectory's; None
+    where `summary` already has it), the summary written with both in one transaction,
+    then the scheduler service told. Returns the reward."""
+
+    summary: TrajectorySummary
+    done: TrajectoryDone
+    last_step: StepRecord | None = None
+    reward: RewardRequest | None = None
+
+
+@dataclass
 class InstancePlan:
     """One engine instance of the cluster plan: its GPUs are `tp` from `first_gpu`.
 

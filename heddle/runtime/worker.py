@@ -127,9 +127,6 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     if pool is not None and pool.vllm is not None:
         agent = AgentTurns(store, pool.vllm.model_path, pool.vllm.max_model_len)
     host = EngineHost(client, service, pool, prefix, opts.time_scale, agent)
-    store_acts = StoreActivities(
-        store=store, time_scale=opts.time_scale, instance_ids=lambda: list(service.instance_ids)
-    )
     # The cluster's one scheduler is the engine host's: in this process, or reached at
     # the address the host announced in the plan.
     local = LocalScheduler(service, Replanner(store, service))
@@ -137,6 +134,12 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     scheduler: Scheduler = local
     if pool is None:
         scheduler = RemoteScheduler(lambda: host.plan.scheduler_address if host.plan else "")
+    store_acts = StoreActivities(
+        store=store,
+        time_scale=opts.time_scale,
+        instance_ids=lambda: list(service.instance_ids),
+        scheduler=scheduler,
+    )
     sched_acts = SchedulerActivities(scheduler=scheduler)
     tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
     workers = [
@@ -155,6 +158,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 store_acts.mark_started,
                 store_acts.record_step,
                 store_acts.finish_trajectory,
+                store_acts.end_trajectory,
                 store_acts.finish_batch,
                 sched_acts.decide,
                 sched_acts.anticipate,
