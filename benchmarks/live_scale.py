@@ -62,6 +62,9 @@ def cpu_s(pid: int) -> float:
 class LiveRun:
     report: BatchReport
     start_ramp_s: float  # wall seconds from the batch's start to its last trajectory's
+    # ... to the last trajectory workflow's creation (its start time in Temporal), before
+    # its first task has run: how long starting them takes, apart from the CPU they wait on.
+    created_ramp_s: float
     with_stack_s: float  # wall seconds from starting the stack to the report
     steps: int
     cpu_per_step_ms: dict[str, float]
@@ -121,10 +124,15 @@ async def live_run(
         after = {name: cpu_s(pid) for name, pid in pids.items()}
         rows = await client.list_trajectories(handle.batch_id, limit=len(records))
         steps = await asyncio.to_thread(client.store.count_steps, handle.batch_id)
+        created = [
+            w.start_time.timestamp()
+            async for w in client.temporal.list_workflows('WorkflowType="TrajectoryWorkflow"')
+        ]
     last_start = max(r["started_at"] or report.started_at for r in rows)
     return LiveRun(
         report=report,
         start_ramp_s=last_start - report.started_at,
+        created_ramp_s=max(created) - report.started_at,
         with_stack_s=with_stack_s,
         steps=steps,
         cpu_per_step_ms={k: 1000 * (after[k] - before[k]) / max(1, steps) for k in pids},
@@ -146,6 +154,7 @@ def row_of(run: LiveRun) -> dict[str, Any]:
         "completed": run.report.completed,
         "failed": run.report.failed,
         "start_ramp_s": round(run.start_ramp_s, 1),
+        "created_ramp_s": round(run.created_ramp_s, 1),
         "with_stack_s": round(run.with_stack_s, 1),
         "steps": run.steps,
         "steps_per_s": round(run.steps / run.report.wall_s, 1),
