@@ -60,9 +60,9 @@ TOOL_IN_STEP_PATCH = "replayed-tool-in-step"
 UPSERT_PATCH = "throttled-upserts"
 UPSERT_EVERY_S = 1.0
 # A trajectory's end is one local activity (`names.END_TRAJECTORY`: the last step's
-# record, the reward, the summary, the scheduler told) where there were four; tiny
-# trajectories at 6,400 paid about 15% of the server's and the worker's time in markers
-# and activity dispatch for them. Workflows started before it replay the four.
+# record, the reward, the summary, the scheduler told) where there were four: the worker's
+# CPU a step on 6,400 tiny trajectories fell from 22.8 to 19.7 ms (the server's stayed at
+# about 38 ms). Workflows started before it replay the four.
 END_PATCH = "one-end-activity"
 # The step upserts come at most once each `UPSERT_EVERY_S` of workflow time from the
 # trajectory's start, a move to another instance included (the instance shown lags by

@@ -128,7 +128,7 @@ def rollout(
         )
         validate_options(options)
         if task_list is not None:
-            _check_engines_write(cfg.engine.kind, address, state_dir)
+            _check_engines_run_a_model(cfg.engine.kind, address, state_dir)
 
     except (InputError, ValueError) as exc:
         raise fail(str(exc)) from None
@@ -175,7 +175,7 @@ def rollout(
         )
 
 
-def _check_engines_write(kind: str, address: str | None, state_dir: Path) -> None:
+def _check_engines_run_a_model(kind: str, address: str | None, state_dir: Path) -> None:
     """Agent rollouts need engines that run a model: those of the stack this command
     starts (`kind`), or of the `heddle dev` running on `state_dir`. A server at
     `--address` says nothing of its workers' engines: a worker without a model fails the

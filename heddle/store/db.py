@@ -498,6 +498,8 @@ class TrajectoryStore:
     def get_texts(self, refs: Sequence[str]) -> dict[str, str]:
         """Many texts at once (a turn's tool results): those that exist."""
         out: dict[str, str] = {}
+        if not refs:
+            return out
         with self._session() as s:
             for at in range(0, len(refs), TEXTS_PER_QUERY):
                 part = refs[at : at + TEXTS_PER_QUERY]
