@@ -14,6 +14,7 @@ from temporalio.exceptions import ApplicationError
 from activities.heartbeat import heartbeating
 from engines.pool import EnginePool
 from heddle import activity_names as names
+from heddle.campaign import SyncRequest
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
 from heddle.types import (
@@ -162,6 +163,19 @@ class ControlActivities:
         if pool is None:
             return 0
         return await pool.move_prefix(request.trajectory_id, request.source, request.target)
+
+    @activity.defn(name=names.SYNC_WEIGHTS)
+    async def sync_weights(self, request: SyncRequest) -> float:
+        """Every engine instance of this host onto the committed checkpoint; returns the
+        sync's seconds (modelled, for simulated engines)."""
+        pool = self.host.pool
+        if pool is None:
+            raise ApplicationError("this worker hosts no engines", non_retryable=True)
+        try:
+            async with heartbeating():
+                return await pool.sync_weights(request.checkpoint.path, request.checkpoint.step)
+        except NotImplementedError as exc:
+            raise ApplicationError(str(exc), type="SyncError", non_retryable=True) from exc
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

@@ -175,6 +175,26 @@ class CostModel:
         return self.model.weight_bytes / self.tp / WEIGHT_RELOAD_BYTES_PER_S + ENGINE_RESTART_S
 
 
+# Training a policy: about 6 FLOPs per parameter per token (2 forward, 4 backward;
+# Kaplan et al. 2020) at this model FLOPs utilization, which FSDP trainers of 8-32B
+# models report at 30-45% on H100s (verl's and Megatron's published MFU).
+TRAIN_MFU = 0.35
+
+
+def train_step_s(
+    model: ModelShape, gpu: GPUSpec, num_gpus: int, tokens: int, mfu: float = TRAIN_MFU
+) -> float:
+    """A policy update over `tokens` tokens on `num_gpus` GPUs (the rollout's own, as a
+    colocated trainer runs)."""
+    return 6 * model.num_params * tokens / (num_gpus * gpu.bf16_flops * mfu)
+
+
+def weight_sync_s(model: ModelShape, tp: int) -> float:
+    """New weights into an instance: each of its GPUs receives its shard over its own
+    link (a broadcast from the trainer across nodes), then a setup cost."""
+    return MIGRATION_SETUP_S + model.weight_bytes / tp / INTERNODE_BYTES_PER_S
+
+
 def same_node(first_gpu: int, other_first_gpu: int) -> bool:
     """Whether two instances, by their first GPUs, share a node (an instance never
     spans nodes: TP <= 8), so a move between them goes over NVLink."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.core import modelled_core
-from engines.costmodel import CostModel, cheapest_move, same_node
+from engines.costmodel import CostModel, cheapest_move, same_node, weight_sync_s
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
 from engines.vllm import (
@@ -25,7 +25,7 @@ from engines.vllm import (
     VllmSettings,
     read_vocab_size,
 )
-from heddle.hardware import ClusterShape
+from heddle.hardware import MODELS, ClusterShape
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class EnginePool:
         self.first_gpu: dict[str, int] = {}  # where a move between nodes goes over the NICs
         # KV moves under way during a trajectory's tool call: its next step waits for them.
         self._moving: dict[str, asyncio.Task[int]] = {}
+        self.weight_version = 0  # of the weights the instances run (a campaign's step)
 
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:
@@ -127,6 +128,20 @@ class EnginePool:
         """The modelled cost of starting an instance at `tp` (weight load, engine start);
         a vLLM instance pays its real start instead."""
         return 0.0 if self.vllm else self.shape.cost(tp).reconfiguration_s()
+
+    async def sync_weights(self, path: str, version: int) -> float:
+        """Give every instance the weights at `path`, labelled `version`; returns the
+        seconds it took (for simulated engines: the modelled broadcast of the model's
+        weights into each instance at once, waited out on the stack's clock)."""
+        if self.vllm is not None:
+            raise NotImplementedError("weight sync to vLLM instances is not built yet")
+        if not self.tps:
+            return 0.0
+        model = self.shape.cluster.model
+        modelled = max(weight_sync_s(MODELS[model], tp) for tp in self.tps.values())
+        await asyncio.sleep(modelled * self.shape.time_scale)
+        self.weight_version = version
+        return modelled
 
     def unhealthy(self) -> list[str]:
         """Instances whose engine died (a vLLM engine core process that exited)."""

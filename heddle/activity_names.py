@@ -26,6 +26,11 @@ RELEASE_SPLIT = "release_split"
 PLAN_BATCH = "plan_batch"
 APPLY_SPLIT = "apply_split"
 MIGRATE_KV = "migrate_kv"
+OPEN_ITERATION = "open_iteration"
+RECORD_ITERATION = "record_iteration"
+PREPARE_CAMPAIGN = "prepare_campaign"
+TRAIN_STEP = "train_step"
+SYNC_WEIGHTS = "sync_weights"
 
 # The error type of a step whose engine died: its details hold the tokens made, and the
 # workflow continues the step on another instance.

@@ -113,7 +113,8 @@ def base_checkpoint(model_dir: Path, root: Path) -> CheckpointRef:
     if tied:
         # A separate output embedding, equal to the input one at the start.
         model.config.tie_word_embeddings = False
-        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.clone())
+        embedding = model.get_input_embeddings().weight
+        model.lm_head.weight = torch.nn.Parameter(embedding.detach().clone())  # type: ignore[union-attr,operator]
     staging = staging_dir(root, 0)
     model.save_pretrained(staging)
     for name in MODEL_FILES:

@@ -24,7 +24,7 @@ from heddle.queues import control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
-from heddle.tasks import Task, load_tasks, prompt_tokens
+from heddle.tasks import Task, agent_records, load_tasks
 from heddle.trace import TraceRecord, load_trace
 from heddle.training import TrainingSample, training_batch
 from heddle.types import (
@@ -33,7 +33,6 @@ from heddle.types import (
     ClusterPlan,
     PlanChange,
     RolloutOptions,
-    TrajectorySpec,
 )
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
@@ -46,24 +45,6 @@ log = logging.getLogger(__name__)
 TOOL_MODES = ("replay", "real")
 # The most trajectories of the earlier batch read to order a batch's starts.
 MAX_HISTORY = 1_000_000
-
-
-def agent_records(tasks: list[Task], samples: int) -> list[TraceRecord]:
-    """`samples` agent trajectories per task, each task's samples one GRPO group."""
-    return [
-        TraceRecord(
-            TrajectorySpec(
-                trajectory_id=f"{task.task_id}.{k}",
-                group_id=task.task_id,
-                prompt_tokens=prompt_tokens(task),
-                steps=(),
-                workload=task.workload,
-                task_id=task.task_id,
-            )
-        )
-        for task in tasks
-        for k in range(samples)
-    ]
 
 
 def new_batch_id() -> str:

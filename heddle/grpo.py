@@ -61,7 +61,12 @@ class StepMetrics:
 
 
 def token_loss(
-    new_logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, eps_low: float, eps_high: float
+    new_logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    mask: Any,
+    eps_low: float,
+    eps_high: float,
 ) -> tuple[Any, Any]:
     """Per-token clipped surrogate (to be summed over the mask) and the clipped flags."""
     import torch
@@ -161,5 +166,10 @@ def train_step(
             shutil.copy(source, staging / name)
     torch.save(optimizer.state_dict(), staging / "optimizer.pt")
     torch.save(torch.get_rng_state(), staging / "rng.pt")
-    info = {"parent": start.path, "seed": seed, "config": asdict(config), "metrics": asdict(metrics)}
+    info = {
+        "parent": start.path,
+        "seed": seed,
+        "config": asdict(config),
+        "metrics": asdict(metrics),
+    }
     return commit(staging, root, step, info), metrics

@@ -8,6 +8,7 @@ from __future__ import annotations
 TRAJECTORIES = "trajectories"  # workflows, store and scheduler activities
 TOOLS = "tools"
 CONTROL = "control"
+TRAINER = "trainer"
 
 
 def trajectories_queue(prefix: str = "") -> str:
@@ -29,3 +30,13 @@ def engine_queue(instance_id: str, prefix: str = "") -> str:
 def control_workflow_id(prefix: str = "") -> str:
     """The cluster's one control workflow (per prefix)."""
     return f"{prefix}heddle-cluster-control"
+
+
+def trainer_queue(prefix: str = "") -> str:
+    """The trainer worker's: a campaign's train steps (torch), apart from the engines."""
+    return f"{prefix}{TRAINER}"
+
+
+def campaign_workflow_id(name: str, prefix: str = "") -> str:
+    """A campaign's one workflow: its id is its name."""
+    return f"{prefix}campaign-{name}"

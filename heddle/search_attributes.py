@@ -13,8 +13,15 @@ INSTANCE = SearchAttributeKey.for_keyword("HeddleInstance")
 TURN = SearchAttributeKey.for_int("HeddleTurn")
 GENERATED = SearchAttributeKey.for_int("HeddleGeneratedTokens")
 PREDICTED_REMAINING = SearchAttributeKey.for_int("HeddlePredictedRemaining")
+# On campaign workflows: which campaign, how far, which weights the engines run.
+CAMPAIGN = SearchAttributeKey.for_keyword("HeddleCampaign")
+ITERATION = SearchAttributeKey.for_int("HeddleIteration")
+POLICY_VERSION = SearchAttributeKey.for_int("HeddlePolicyVersion")
 
-ALL = (BATCH, GROUP, WORKLOAD, STATUS, INSTANCE, TURN, GENERATED, PREDICTED_REMAINING)
+ALL = (
+    BATCH, GROUP, WORKLOAD, STATUS, INSTANCE, TURN, GENERATED, PREDICTED_REMAINING,
+    CAMPAIGN, ITERATION, POLICY_VERSION,
+)  # fmt: skip
 
 
 def dev_server_flags() -> list[str]:

@@ -25,6 +25,8 @@ from typing import Any
 
 from heddle.errors import InputError
 from heddle.jsonl import json_lines
+from heddle.trace import TraceRecord
+from heddle.types import TrajectorySpec
 
 # The tools a task may name (the tool workers' registry serves exactly these).
 TASK_TOOLS = ("calculator", "python", "search")
@@ -301,3 +303,21 @@ def prompt_tokens(task: Task) -> int:
     """The prompt's tokens as the scheduler estimates them before the engine host
     renders it (the first turn's result gives the real count)."""
     return max(1, count_tokens("".join(m.content for m in task.messages)))
+
+
+def agent_records(tasks: list[Task], samples: int) -> list[TraceRecord]:
+    """`samples` agent trajectories per task, each task's samples one GRPO group."""
+    return [
+        TraceRecord(
+            TrajectorySpec(
+                trajectory_id=f"{task.task_id}.{k}",
+                group_id=task.task_id,
+                prompt_tokens=prompt_tokens(task),
+                steps=(),
+                workload=task.workload,
+                task_id=task.task_id,
+            )
+        )
+        for task in tasks
+        for k in range(samples)
+    ]

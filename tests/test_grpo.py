@@ -91,10 +91,14 @@ def test_a_step_learns_commits_and_is_made_again_bit_for_bit(base: Path, tmp_pat
     samples = _samples(start.path)
     config = GrpoConfig(lr=1e-2, micro_batch=4)
     seen: list[int] = []
-    first, metrics = train_step(start, samples, tmp_path / "a", config, seed=3, on_micro_batch=seen.append)
-    assert first.step == 1 and committed(tmp_path / "a", 1) == first
+    first, metrics = train_step(
+        start, samples, tmp_path / "a", config, seed=3, on_micro_batch=seen.append
+    )
+    assert first.step == 1
+    assert committed(tmp_path / "a", 1) == first
     assert seen == [0, 1]  # six useful samples in micro-batches of four
-    assert metrics.samples == 6 and metrics.tokens == 36
+    assert metrics.samples == 6
+    assert metrics.tokens == 36
     # The samples' log-probs are the model's own: the trainer recomputes them.
     assert metrics.logprob_gap < 1e-4
     # A second update on the same data from the new weights: the rewarded samples are
@@ -105,7 +109,8 @@ def test_a_step_learns_commits_and_is_made_again_bit_for_bit(base: Path, tmp_pat
 
     # A rerun from the same start returns the committed step, training nothing.
     again, again_metrics = train_step(start, samples, tmp_path / "a", config, seed=3)
-    assert again == first and again_metrics == metrics
+    assert again == first
+    assert again_metrics == metrics
 
     # In a fresh folder, the same inputs make the same bytes; another seed's optimizer
     # is not in play, but another config is.

@@ -137,8 +137,7 @@ def _agent_batch(store: TrajectoryStore, batch_id: str = "ag") -> None:
     """An agent batch of two samples of one math task, written as the engine host and
     the workflow write it: a turn that calls two tools, then an answer (sample 0); a
     sample that failed (1)."""
-    from heddle.client import agent_records
-    from heddle.tasks import load_tasks
+    from heddle.tasks import agent_records, load_tasks
     from heddle.types import ToolCallRecord, TurnRecord
 
     task = load_tasks("heddle/data/tasks/math.jsonl")[0]

@@ -246,5 +246,6 @@ def worker(
         queue_prefix=queue_prefix,
         engine_policy=engine_policy,
         host_engines=engines,
+        host_trainer=engines,  # one trainer a stack: the engine host's process
     )
     asyncio.run(run_worker(opts))

@@ -15,15 +15,17 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.agent import AgentTurns
+from activities.campaign import CampaignActivities
 from activities.control import ControlActivities, Replanner
 from activities.scheduler import Scheduler, SchedulerActivities
 from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
+from activities.train import TrainerActivities
 from engines.pool import EnginePool, EngineShape
 from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle.config import ClusterConfig
-from heddle.queues import control_queue, tools_queue, trajectories_queue
+from heddle.queues import control_queue, tools_queue, trainer_queue, trajectories_queue
 from heddle.runtime.engine_host import EngineHost, ensure_control_workflow
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.runtime.scheduler_link import LocalScheduler, RemoteScheduler, SchedulerServer
@@ -34,6 +36,7 @@ from scheduler.plan import initial_plan
 from scheduler.service import SchedulerService
 from workflows import policy
 from workflows.batch import RolloutBatchWorkflow, RolloutSliceWorkflow
+from workflows.campaign import TrainingCampaignWorkflow
 from workflows.control import ClusterControlWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -56,6 +59,8 @@ class WorkerOptions:
     # One process of a stack hosts the engines (and the control activities); others
     # run workflows and tools only, or each would add a copy of every instance.
     host_engines: bool = True
+    # A process that polls the trainer queue runs campaigns' train steps (torch).
+    host_trainer: bool = True
     # Where the engine host's scheduler service listens for the other workers' decides
     # (port 0: any free one); the host announces it in the cluster plan.
     scheduler_host: str = "127.0.0.1"
@@ -142,6 +147,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     )
     sched_acts = SchedulerActivities(scheduler=scheduler)
     tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
+    campaign_acts = CampaignActivities(store=store)
     workers = [
         Worker(
             client,
@@ -151,8 +157,11 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                 RolloutBatchWorkflow,
                 RolloutSliceWorkflow,
                 ClusterControlWorkflow,
+                TrainingCampaignWorkflow,
             ],
             activities=[
+                campaign_acts.open_iteration,
+                campaign_acts.record_iteration,
                 store_acts.begin_batch,
                 store_acts.load_specs,
                 store_acts.mark_started,
@@ -193,12 +202,25 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.plan_batch,
                     control_acts.apply_split,
                     control_acts.migrate_kv,
+                    control_acts.sync_weights,
                     # The scheduler calls of batches whose policy planned them.
                     sched_acts.decide,
                     sched_acts.anticipate,
                     sched_acts.report_step,
                     sched_acts.report_done,
                 ],
+                max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
+            )
+        )
+    if opts.host_trainer:
+        trainer = TrainerActivities(store=store, shape=shape, time_scale=opts.time_scale)
+        workers.append(
+            Worker(
+                client,
+                task_queue=trainer_queue(prefix),
+                activities=[trainer.prepare_campaign, trainer.train_step],
+                # One step at a time: a step uses the process's torch threads.
+                max_concurrent_activities=1,
                 max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
             )
         )

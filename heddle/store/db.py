@@ -621,6 +621,51 @@ class TrajectoryStore:
                 or 0
             )
 
+    # ---- campaigns --------------------------------------------------------------------
+    # A campaign's spec, its task set and one record per finished iteration, kept as
+    # texts under `campaign/<name>/`: the campaign workflow holds the live state, the
+    # store what outlives its history (the task set it draws from, the table and plot).
+    def create_campaign(self, name: str, spec: dict[str, Any], tasks: Sequence[Task]) -> None:
+        """Store a campaign's spec and tasks, atomically; a name in use is refused."""
+        with self._session() as s:
+            if s.get(TextRow, _campaign_ref(name, "spec")) is not None:
+                raise ValueError(f"campaign {name!r} already exists in the store")
+            s.add(TextRow(ref=_campaign_ref(name, "spec"), content=json.dumps(spec)))
+            tasks_json = json.dumps([dump_task(t) for t in tasks])
+            s.add(TextRow(ref=_campaign_ref(name, "tasks"), content=tasks_json))
+
+    def get_campaign(self, name: str) -> dict[str, Any] | None:
+        text = self.get_text(_campaign_ref(name, "spec"))
+        return None if text is None else cast(dict[str, Any], json.loads(text))
+
+    def list_campaigns(self) -> list[str]:
+        with self._session() as s:
+            refs = s.scalars(
+                select(TextRow.ref).where(TextRow.ref.like("campaign/%/spec")).order_by(TextRow.ref)
+            ).all()
+        return [r.removeprefix("campaign/").removesuffix("/spec") for r in refs]
+
+    def campaign_tasks(self, name: str) -> list[Task]:
+        ref = _campaign_ref(name, "tasks")
+        text = self.get_text(ref)
+        if text is None:
+            raise KeyError(f"no campaign {name!r} in the store")
+        return [parse_task(obj, path=ref, line=i + 1) for i, obj in enumerate(json.loads(text))]
+
+    def record_iteration(self, record: dict[str, Any]) -> None:
+        """An iteration's record; written again (a retried activity) it is replaced."""
+        ref = _campaign_ref(record["campaign"], f"iteration/{record['iteration']:06d}")
+        self.put_text(ref, json.dumps(record, sort_keys=True))
+
+    def campaign_iterations(self, name: str) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(TextRow.content)
+                .where(TextRow.ref.like(_campaign_ref(name, "iteration/%")))
+                .order_by(TextRow.ref)
+            ).all()
+        return [json.loads(r) for r in rows]
+
     # ---- texts -----------------------------------------------------------------------
     def put_text(self, ref: str, content: str) -> None:
         with self._session() as s:
@@ -630,6 +675,10 @@ class TrajectoryStore:
         with self._session() as s:
             row = s.get(TextRow, ref)
             return None if row is None else row.content
+
+
+def _campaign_ref(name: str, what: str) -> str:
+    return f"campaign/{name}/{what}"
 
 
 def _trajectory_dict(row: TrajectoryRow) -> dict[str, Any]:

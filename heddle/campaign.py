@@ -1,0 +1,123 @@
+"""A training campaign's vocabulary: what it is asked to do, the state it carries from
+iteration to iteration (and through continue-as-new), and what each iteration did.
+
+Plain dataclasses, as every payload that crosses Temporal is (`heddle.types`): the
+campaign workflow holds them, activities take and return them, the client reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from heddle.checkpoints import CheckpointRef
+from heddle.types import RolloutOptions
+
+MODES = ("agent", "simulated")
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    """A campaign as its user starts it. `agent`: the model works the stored task set on
+    vLLM engines and the trainer updates it; `simulated`: each iteration replays a
+    generated batch of `workload` (drifting with the iteration) on simulated engines, and
+    training and weight sync take the times the cost model gives them."""
+
+    name: str
+    mode: str
+    iterations: int
+    samples: int  # trajectories per task (a GRPO group) or per prompt
+    tasks_per_iteration: int  # agent: tasks each iteration (0: the whole set); simulated: prompts
+    seed: int = 0
+    options: RolloutOptions = field(default_factory=RolloutOptions)
+    checkpoint_root: str = ""  # where the trainer commits its checkpoints
+    model_path: str = ""  # agent: the base model (step 0 is it, untied)
+    sync_weights: bool = True  # off: the engines keep the base weights (the control run)
+    lr: float = 2e-4
+    micro_batch: int = 8
+    workload: str = "coding"  # simulated
+    # Continue as new after this many iterations, so a campaign of hundreds never nears
+    # Temporal's history limits.
+    iterations_per_run: int = 10
+
+
+@dataclass
+class CampaignState:
+    """What the campaign has done, carried through continue-as-new. `consumed_task_ids`
+    names every task trained on this epoch (not a cursor into the task list, which a
+    changed list or a crash between reads can shift)."""
+
+    iteration: int = 0  # iterations finished
+    policy_version: int = 0  # the train step of the weights the engines run
+    checkpoint: CheckpointRef | None = None  # the last committed checkpoint
+    consumed_task_ids: list[str] = field(default_factory=list)
+    epoch: int = 0
+    predictor_version: str = ""  # the batch the predictor was last fitted on
+    open_batch: str = ""  # the rollout batch in flight, if any
+    phase: str = "starting"  # starting, rollout, train, sync, done, stopped
+
+
+@dataclass
+class CampaignInput:
+    spec: CampaignSpec
+    state: CampaignState = field(default_factory=CampaignState)
+
+
+@dataclass(frozen=True)
+class OpenIteration:
+    """The campaign asks for iteration `iteration`'s batch: the next tasks not consumed."""
+
+    spec: CampaignSpec
+    iteration: int
+    consumed_task_ids: list[str]
+    epoch: int
+
+
+@dataclass(frozen=True)
+class IterationBatch:
+    batch_id: str
+    num_trajectories: int
+    task_ids: list[str]  # what training on it consumes
+    epoch: int  # a new epoch starts when every task of the set was consumed
+    options: RolloutOptions  # as stored with the batch (its sampling seed is the iteration's)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    spec: CampaignSpec
+    start: CheckpointRef
+    batch_id: str
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    checkpoint: CheckpointRef
+    samples: int
+    tokens: int
+    loss: float
+    logprob_gap: float  # mean |trainer - rollout| log-prob before the update
+    train_s: float  # modelled seconds (simulated) or the step's own wall seconds
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    checkpoint: CheckpointRef
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One finished iteration, as `heddle campaign status` tabulates and plots it."""
+
+    campaign: str
+    iteration: int
+    batch_id: str
+    policy_version: int  # the weights the rollout ran
+    trajectories: int
+    completed: int
+    reward_mean: float
+    pass_rate: float
+    makespan_s: float
+    train_s: float
+    sync_s: float
+    logprob_gap: float
+    checkpoint: str
+    finished_at: float

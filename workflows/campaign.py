@@ -1,0 +1,177 @@
+"""A training campaign: rollout, train, sync, repeat, as one durable workflow per campaign.
+
+Each iteration opens its batch in the store (the next tasks not consumed), runs it as a
+child `RolloutBatchWorkflow`, has the trainer commit the next checkpoint from it, syncs
+the engines to that checkpoint, and records the iteration. The state that matters (the
+committed checkpoint, the consumed tasks, the iteration) changes only after the train
+step has committed, so a crash anywhere repeats at most the unfinished phase, and every
+phase is idempotent: the batch id is the iteration's, the trainer returns a step it has
+already committed. A heddle-policy batch fits its predictor on the batch before and
+re-plans the split through the control workflow as it starts (`workflows/batch.py`), so
+the next iteration's rollout is where "retrain, re-plan" happens; the state names the
+batch the predictor was fitted on. The workflow continues as new every
+`iterations_per_run` iterations, carrying its state.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from heddle import activity_names as names
+    from heddle import search_attributes as sa
+    from heddle.campaign import (
+        CampaignInput,
+        CampaignState,
+        IterationBatch,
+        IterationRecord,
+        OpenIteration,
+        SyncRequest,
+        TrainRequest,
+        TrainResult,
+    )
+    from heddle.checkpoints import CheckpointRef
+    from heddle.queues import control_queue, trainer_queue, trajectories_queue
+    from heddle.types import BatchInput, BatchReport
+    from workflows import policy
+    from workflows.batch import RolloutBatchWorkflow
+
+TRAIN_TIMEOUT = timedelta(hours=6)
+TRAIN_HEARTBEAT = timedelta(seconds=60)
+SYNC_TIMEOUT = timedelta(minutes=10)  # every sync has a deadline (TRL #6913, AReaL #1160)
+SYNC_HEARTBEAT = timedelta(seconds=30)
+PREPARE_TIMEOUT = timedelta(minutes=10)
+
+
+@workflow.defn(name="TrainingCampaignWorkflow")
+class TrainingCampaignWorkflow:
+    @workflow.init
+    def __init__(self, inp: CampaignInput) -> None:
+        self._state = inp.state
+        self._stop = False
+
+    @workflow.query
+    def state(self) -> CampaignState:
+        return self._state
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Stop after the iteration in flight (its checkpoint committed and synced)."""
+        self._stop = True
+
+    @workflow.run
+    async def run(self, inp: CampaignInput) -> CampaignState:
+        spec, st = inp.spec, self._state
+        if st.checkpoint is None:
+            st.checkpoint = await workflow.execute_activity(
+                names.PREPARE_CAMPAIGN,
+                spec,
+                task_queue=trainer_queue(spec.options.queue_prefix),
+                start_to_close_timeout=PREPARE_TIMEOUT,
+                result_type=CheckpointRef,
+            )
+        self._upsert(spec.name)
+        for _ in range(spec.iterations_per_run):
+            if st.iteration >= spec.iterations or self._stop:
+                break
+            await self._iteration(inp)
+        if st.iteration < spec.iterations and not self._stop:
+            st.phase = "continuing"
+            workflow.continue_as_new(CampaignInput(spec, st))
+        st.phase = "done" if st.iteration >= spec.iterations else "stopped"
+        return st
+
+    async def _iteration(self, inp: CampaignInput) -> None:
+        spec, st = inp.spec, self._state
+        assert st.checkpoint is not None
+        prefix = spec.options.queue_prefix
+        st.phase = "rollout"
+        opened: IterationBatch = await workflow.execute_activity(
+            names.OPEN_ITERATION,
+            OpenIteration(spec, st.iteration, list(st.consumed_task_ids), st.epoch),
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+            result_type=IterationBatch,
+        )
+        st.open_batch = opened.batch_id
+        report: BatchReport = await workflow.execute_child_workflow(
+            RolloutBatchWorkflow.run,
+            BatchInput(opened.batch_id, opened.num_trajectories, opened.options),
+            id=opened.batch_id,
+            task_queue=trajectories_queue(prefix),
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+            static_summary=f"{spec.name}: iteration {st.iteration}",
+        )
+        st.phase = "train"
+        trained: TrainResult = await workflow.execute_activity(
+            names.TRAIN_STEP,
+            TrainRequest(spec, st.checkpoint, opened.batch_id),
+            task_queue=trainer_queue(prefix),
+            start_to_close_timeout=TRAIN_TIMEOUT,
+            heartbeat_timeout=TRAIN_HEARTBEAT,
+            result_type=TrainResult,
+        )
+        # The commit: from here the iteration's tasks are trained on.
+        rolled_version = st.policy_version
+        if opened.epoch != st.epoch:
+            st.epoch, st.consumed_task_ids = opened.epoch, []
+        st.consumed_task_ids = [*st.consumed_task_ids, *opened.task_ids]
+        st.checkpoint = trained.checkpoint
+        st.open_batch = ""
+        sync_s = 0.0
+        if spec.sync_weights:
+            st.phase = "sync"
+            sync_s = await workflow.execute_activity(
+                names.SYNC_WEIGHTS,
+                SyncRequest(trained.checkpoint),
+                task_queue=control_queue(prefix),
+                start_to_close_timeout=SYNC_TIMEOUT,
+                heartbeat_timeout=SYNC_HEARTBEAT,
+                result_type=float,
+            )
+            st.policy_version = trained.checkpoint.step
+        st.predictor_version = opened.batch_id
+        await workflow.execute_activity(
+            names.RECORD_ITERATION,
+            IterationRecord(
+                campaign=spec.name,
+                iteration=st.iteration,
+                batch_id=opened.batch_id,
+                policy_version=rolled_version,
+                trajectories=report.trajectories,
+                completed=report.completed,
+                reward_mean=0.0,  # the activity reads the batch's rewards
+                pass_rate=0.0,
+                makespan_s=report.makespan_s,
+                train_s=trained.train_s,
+                sync_s=sync_s,
+                logprob_gap=trained.logprob_gap,
+                checkpoint=trained.checkpoint.path,
+                finished_at=workflow.now().timestamp(),
+            ),
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+            result_type=IterationRecord,
+        )
+        st.iteration += 1
+        st.phase = "between"
+        self._upsert(spec.name)
+
+    def _upsert(self, name: str) -> None:
+        st = self._state
+        workflow.upsert_search_attributes(
+            [
+                sa.CAMPAIGN.value_set(name),
+                sa.ITERATION.value_set(st.iteration),
+                sa.POLICY_VERSION.value_set(st.policy_version),
+            ]
+        )
+        workflow.set_current_details(
+            f"**{name}**: iteration {st.iteration}, policy version {st.policy_version}, "
+            f"checkpoint `{st.checkpoint.path if st.checkpoint else ''}`"
+        )
