@@ -8,6 +8,7 @@ campaign workflow holds them, activities take and return them, the client reads 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from heddle.checkpoints import CheckpointRef
 from heddle.types import RolloutOptions
@@ -121,3 +122,9 @@ class IterationRecord:
     logprob_gap: float
     checkpoint: str
     finished_at: float
+
+
+def campaign_spec(stored: dict[str, Any]) -> CampaignSpec:
+    """A spec as the store keeps it (`dataclasses.asdict`), back."""
+    options = RolloutOptions(**stored["options"])
+    return CampaignSpec(**{**stored, "options": options})

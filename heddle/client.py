@@ -8,6 +8,7 @@ async with await HeddleClient.connect("127.0.0.1:7233") as heddle:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -15,12 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.campaign import in_start_order
+from heddle.campaign import MODES, CampaignInput, CampaignSpec, CampaignState, campaign_spec
 from heddle.config import BatchSpec
 from heddle.history import load_history
-from heddle.queues import control_workflow_id, trajectories_queue
+from heddle.queues import campaign_workflow_id, control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
@@ -36,15 +39,13 @@ from heddle.types import (
 )
 from heddle.workloads import generate
 from scheduler.registry import PLANS_SPLIT, policy_names
-from scheduler.start_order import longest_expected_first
 from workflows.batch import RolloutBatchWorkflow
+from workflows.campaign import TrainingCampaignWorkflow
 from workflows.control import ClusterControlWorkflow
 
 log = logging.getLogger(__name__)
 
 TOOL_MODES = ("replay", "real")
-# The most trajectories of the earlier batch read to order a batch's starts.
-MAX_HISTORY = 1_000_000
 
 
 def new_batch_id() -> str:
@@ -187,7 +188,7 @@ class HeddleClient:
                 "roll one out first (with any policy)"
             )
         batch_id = batch_id or new_batch_id()
-        batch = await asyncio.to_thread(self._in_start_order, batch, before)
+        batch = await asyncio.to_thread(in_start_order, self.store, batch, before)
         await asyncio.to_thread(
             lambda: self.store.create_batch(
                 batch_id=batch_id,
@@ -207,12 +208,89 @@ class HeddleClient:
         )
         return RolloutHandle(batch_id=batch_id, workflow=handle, store=self.store)
 
-    def _in_start_order(self, records: list[TraceRecord], before: str | None) -> list[TraceRecord]:
-        """The batch as it will be stored and started: longest expected first, by the
-        batch `before` it (`scheduler.start_order`)."""
-        history = self.store.history_specs(before, MAX_HISTORY) if before else []
-        order = longest_expected_first([r.spec for r in records], history)
-        return [records[i] for i in order]
+    async def start_campaign(
+        self,
+        spec: CampaignSpec,
+        *,
+        tasks: str | Path | list[Task] | None = None,
+    ) -> WorkflowHandle[TrainingCampaignWorkflow, CampaignState]:
+        """Check the campaign, store it with its task set, and start its workflow (one per
+        campaign: its id is the name). An agent campaign draws its batches from `tasks`;
+        a simulated one generates them from `spec.workload`. Bad input raises before
+        anything is stored or started."""
+        if spec.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {spec.mode!r}")
+        for name in ("iterations", "samples", "iterations_per_run"):
+            if getattr(spec, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(spec, name)}")
+        if not spec.name or "/" in spec.name:
+            raise ValueError(f"a campaign name is non-empty without '/', got {spec.name!r}")
+        task_list: list[Task] = []
+        if spec.mode == "agent":
+            if tasks is None or not spec.model_path:
+                raise ValueError("an agent campaign needs tasks and a model")
+            task_list = (
+                tasks if isinstance(tasks, list) else await asyncio.to_thread(load_tasks, tasks)
+            )
+        elif spec.tasks_per_iteration < 1:
+            raise ValueError("a simulated campaign needs tasks_per_iteration >= 1 (its prompts)")
+        options = replace(spec.options, queue_prefix=self.queue_prefix)
+        validate_options(options)
+        options = replace(options, plans_split=options.policy in PLANS_SPLIT)
+        spec = replace(spec, options=options)
+        if not spec.checkpoint_root:
+            raise ValueError("checkpoint_root is required: where the trainer commits")
+        await asyncio.to_thread(
+            self.store.create_campaign, spec.name, dataclasses.asdict(spec), task_list
+        )
+        return await self.temporal.start_workflow(
+            TrainingCampaignWorkflow.run,
+            CampaignInput(spec),
+            id=campaign_workflow_id(spec.name, self.queue_prefix),
+            task_queue=trajectories_queue(self.queue_prefix),
+            static_summary=f"campaign {spec.name}: {spec.iterations} iterations ({spec.mode})",
+        )
+
+    def campaign(self, name: str) -> WorkflowHandle[TrainingCampaignWorkflow, CampaignState]:
+        return self.temporal.get_workflow_handle_for(
+            TrainingCampaignWorkflow.run, campaign_workflow_id(name, self.queue_prefix)
+        )
+
+    async def campaign_state(self, name: str) -> CampaignState:
+        """The campaign's state, from its workflow (running or closed)."""
+        return await self.campaign(name).query(TrainingCampaignWorkflow.state)
+
+    async def stop_campaign(self, name: str) -> None:
+        """Stop after the iteration in flight: its checkpoint committed and synced."""
+        await self.campaign(name).signal(TrainingCampaignWorkflow.stop)
+
+    async def resume_campaign(
+        self, name: str
+    ) -> WorkflowHandle[TrainingCampaignWorkflow, CampaignState]:
+        """Start a stopped, failed or terminated campaign again from its last state (a
+        running one is returned as it is)."""
+        handle = self.campaign(name)
+        desc = await handle.describe()
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            return handle
+        stored = await asyncio.to_thread(self.store.get_campaign, name)
+        if stored is None:
+            raise ValueError(f"no campaign {name!r} in the store")
+        state = await handle.query(TrainingCampaignWorkflow.state)
+        spec = campaign_spec(stored)
+        return await self.temporal.start_workflow(
+            TrainingCampaignWorkflow.run,
+            CampaignInput(spec, replace(state, phase="resumed")),
+            id=handle.id,
+            task_queue=trajectories_queue(self.queue_prefix),
+            static_summary=f"campaign {name}, resumed at iteration {state.iteration}",
+        )
+
+    async def campaign_iterations(self, name: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.campaign_iterations, name)
+
+    async def list_campaigns(self) -> list[str]:
+        return await asyncio.to_thread(self.store.list_campaigns)
 
     def get_rollout(self, batch_id: str) -> RolloutHandle:
         return RolloutHandle(

@@ -13,10 +13,11 @@ INSTANCE = SearchAttributeKey.for_keyword("HeddleInstance")
 TURN = SearchAttributeKey.for_int("HeddleTurn")
 GENERATED = SearchAttributeKey.for_int("HeddleGeneratedTokens")
 PREDICTED_REMAINING = SearchAttributeKey.for_int("HeddlePredictedRemaining")
-# On campaign workflows: which campaign, how far, which weights the engines run.
+# On campaign workflows: which campaign, how far, which weights the engines run. Numbers
+# as doubles: the dev server allows three Int attributes, which the trajectories use.
 CAMPAIGN = SearchAttributeKey.for_keyword("HeddleCampaign")
-ITERATION = SearchAttributeKey.for_int("HeddleIteration")
-POLICY_VERSION = SearchAttributeKey.for_int("HeddlePolicyVersion")
+ITERATION = SearchAttributeKey.for_float("HeddleIteration")
+POLICY_VERSION = SearchAttributeKey.for_float("HeddlePolicyVersion")
 
 ALL = (
     BATCH, GROUP, WORKLOAD, STATUS, INSTANCE, TURN, GENERATED, PREDICTED_REMAINING,
@@ -26,7 +27,7 @@ ALL = (
 
 def dev_server_flags() -> list[str]:
     """`--search-attribute NAME=Type` flags for `temporal server start-dev`."""
-    kinds = {"KEYWORD": "Keyword", "INT": "Int"}
+    kinds = {"KEYWORD": "Keyword", "INT": "Int", "DOUBLE": "Double"}
     flags: list[str] = []
     for key in ALL:
         flags += ["--search-attribute", f"{key.name}={kinds[key.indexed_value_type.name]}"]

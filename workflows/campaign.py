@@ -167,8 +167,8 @@ class TrainingCampaignWorkflow:
         workflow.upsert_search_attributes(
             [
                 sa.CAMPAIGN.value_set(name),
-                sa.ITERATION.value_set(st.iteration),
-                sa.POLICY_VERSION.value_set(st.policy_version),
+                sa.ITERATION.value_set(float(st.iteration)),
+                sa.POLICY_VERSION.value_set(float(st.policy_version)),
             ]
         )
         workflow.set_current_details(

@@ -1,0 +1,122 @@
+"""Training campaigns on the session's Temporal server: a simulated campaign runs its
+iterations (rollout, modelled train step, modelled sync, record) through continue-as-new;
+a stopped one resumes where it stopped, with no batch made twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from activities.campaign import draw_tasks
+from heddle.campaign import CampaignSpec
+from heddle.tasks import load_tasks
+from heddle.types import RolloutOptions
+from tests.live import live_client
+
+TASKS = "heddle/data/tasks/math.jsonl"
+
+
+def test_draws_cover_each_epoch_once_in_a_seeded_order() -> None:
+    tasks = load_tasks(TASKS)[:10]
+    consumed: list[str] = []
+    epoch = 0
+    drawn: list[list[str]] = []
+    for _ in range(4):
+        picked, epoch_now = draw_tasks(tasks, 4, consumed, epoch, seed=7)
+        if epoch_now != epoch:
+            consumed, epoch = [], epoch_now
+        consumed += [t.task_id for t in picked]
+        drawn.append([t.task_id for t in picked])
+    # 10 tasks in draws of 4: 4 + 4 + 2 (the epoch's rest), then a new epoch.
+    assert [len(d) for d in drawn] == [4, 4, 2, 4]
+    first_epoch = drawn[0] + drawn[1] + drawn[2]
+    assert sorted(first_epoch) == sorted(t.task_id for t in tasks)
+    assert draw_tasks(tasks, 4, [], 0, seed=7)[0] == draw_tasks(tasks, 4, [], 0, seed=7)[0]
+    assert draw_tasks(tasks, 4, [], 0, seed=7)[0] != draw_tasks(tasks, 4, [], 0, seed=8)[0]
+
+
+def _spec(name: str, root: Path, iterations: int, per_run: int = 10) -> CampaignSpec:
+    return CampaignSpec(
+        name=name,
+        mode="simulated",
+        iterations=iterations,
+        samples=2,
+        tasks_per_iteration=3,
+        workload="math",
+        checkpoint_root=str(root / name),
+        options=RolloutOptions(policy="verl"),
+        iterations_per_run=per_run,
+    )
+
+
+def test_a_simulated_campaign_runs_its_iterations_through_continue_as_new(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            handle = await heddle.start_campaign(_spec("sim", tmp_path, 3, per_run=2))
+            state = await asyncio.wait_for(handle.result(), 240)
+            assert state.iteration == 3
+            assert state.policy_version == 3
+            assert state.phase == "done"
+            assert state.checkpoint is not None
+            assert state.checkpoint.step == 3
+            # Continued as new once, after two iterations.
+            desc = await handle.describe()
+            assert desc.run_id != handle.first_execution_run_id
+            rows = await heddle.campaign_iterations("sim")
+            assert [r["iteration"] for r in rows] == [0, 1, 2]
+            assert [r["policy_version"] for r in rows] == [0, 1, 2]
+            for r in rows:
+                assert r["completed"] == r["trajectories"] == 6
+                assert r["makespan_s"] > 0
+                assert r["train_s"] > 0
+                assert r["sync_s"] > 0
+            for step in (1, 2, 3):
+                folder = tmp_path / "sim" / f"step-{step:06d}"
+                info = json.loads((folder / "trainer.json").read_text())
+                assert info["tokens"] > 0
+            batches = [b["batch_id"] for b in await heddle.list_batches()]
+            assert sorted(b for b in batches if b.startswith("sim-")) == [
+                "sim-it0000", "sim-it0001", "sim-it0002"
+            ]  # fmt: skip
+            found = [
+                w.id
+                async for w in heddle.temporal.list_workflows(
+                    "HeddleCampaign = 'sim' AND HeddleIteration = 3"
+                )
+            ]
+            assert found == [desc.id]
+            assert await heddle.list_campaigns() == ["sim"]
+            with pytest.raises(ValueError, match="already exists"):
+                await heddle.start_campaign(_spec("sim", tmp_path, 3))
+
+    asyncio.run(run())
+
+
+def test_a_stopped_campaign_resumes_where_it_stopped(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            handle = await heddle.start_campaign(_spec("halt", tmp_path, 4))
+            while not await heddle.campaign_iterations("halt"):  # noqa: ASYNC110 (polls the store)
+                await asyncio.sleep(0.2)
+            await heddle.stop_campaign("halt")
+            stopped = await asyncio.wait_for(handle.result(), 120)
+            assert stopped.phase == "stopped"
+            assert 1 <= stopped.iteration < 4
+            resumed = await heddle.resume_campaign("halt")
+            state = await asyncio.wait_for(resumed.result(), 240)
+            assert state.iteration == 4
+            assert state.phase == "done"
+            rows = await heddle.campaign_iterations("halt")
+            assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+            assert [r["policy_version"] for r in rows] == [0, 1, 2, 3]
+            batches = [b["batch_id"] for b in await heddle.list_batches()]
+            assert len([b for b in batches if b.startswith("halt-")]) == 4
+
+    asyncio.run(run())
