@@ -197,3 +197,55 @@ def write_plots(bench: BenchResult, out_dir: Path) -> list[Path]:
         ax.set_title(f"{name}: instance busy time (makespan {r.makespan_s:.0f} s)")
         paths.append(_save(fig, out_dir / f"gantt_{name}.png"))
     return paths
+
+
+def campaign_table(name: str, rows: Iterable[dict[str, Any]], state: Any = None) -> Table:
+    """One row per finished iteration of a campaign (`heddle campaign status`)."""
+    title = f"campaign {name}"
+    if state is not None:
+        title += f": {state.phase}, iteration {state.iteration}"
+        title += f", policy version {state.policy_version}"
+    t = Table(title=title)
+    for col in ("iter", "version", "done", "reward", "pass rate", "makespan s", "train s",
+                "sync s", "log-prob gap"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["iteration"]),
+            str(r["policy_version"]),
+            f"{r['completed']}/{r['trajectories']}",
+            f"{r['reward_mean']:.3f}",
+            f"{r['pass_rate']:.3f}",
+            f"{r['makespan_s']:.1f}",
+            f"{r['train_s']:.2f}",
+            f"{r['sync_s']:.2f}",
+            f"{r['logprob_gap']:.4f}",
+        )
+    return t
+
+
+def campaign_plot(name: str, rows: list[dict[str, Any]], path: Path) -> Path:
+    """Mean reward and iteration time (rollout makespan + train + sync) by iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [r["iteration"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(iterations, [r["reward_mean"] for r in rows], marker="o", label="mean reward")
+    top.plot(iterations, [r["pass_rate"] for r in rows], marker=".", label="pass rate")
+    top.set_ylabel("reward")
+    top.legend(fontsize=8)
+    top.set_title(f"campaign {name}")
+    parts = [("makespan_s", "rollout"), ("train_s", "train"), ("sync_s", "sync")]
+    base = [0.0] * len(rows)
+    for key, label in parts:
+        values = [float(r[key]) for r in rows]
+        bottom.bar(iterations, values, bottom=base, label=label)
+        base = [b + v for b, v in zip(base, values, strict=True)]
+    bottom.set_xlabel("iteration")
+    bottom.set_ylabel("seconds")
+    bottom.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)

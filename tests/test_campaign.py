@@ -120,3 +120,43 @@ def test_a_stopped_campaign_resumes_where_it_stopped(
             assert len([b for b in batches if b.startswith("halt-")]) == 4
 
     asyncio.run(run())
+
+
+def test_the_cli_starts_a_campaign_survives_the_stack_stopping_and_resumes(
+    tmp_path: Path,
+) -> None:
+    from heddle.runtime.stack import free_port
+    from tests.test_cli import heddle
+
+    state = tmp_path / "state"
+    where = ["--state-dir", str(state)]
+    no_model = heddle("campaign", "start", "x", "--tasks", TASKS, *where)
+    assert no_model.returncode == 2
+    assert no_model.stderr.startswith("error: an agent campaign (--tasks) needs --model")
+    up = ["dev", "--detach", "--headless", "--port", str(free_port()), "--time-scale", "0.05"]
+    assert heddle(*up, *where).returncode == 0
+    try:
+        started = heddle("campaign", "start", "c", "--iterations", "3", "--tasks-per-iteration",
+                         "3", "--samples", "2", "--detach", *where)  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert "campaign c started (simulated, 3 iterations)" in started.stdout
+        for _ in range(120):
+            shown = heddle("campaign", "status", "c", *where)
+            if "│    0 │" in shown.stdout:
+                break
+        # The whole stack goes (server, workers) mid-campaign, and comes back.
+        assert heddle("stop", *where).returncode == 0
+        assert heddle(*up, *where).returncode == 0
+        resumed = heddle("campaign", "resume", "c", *where)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "campaign c: done, iteration 3, policy version 3" in resumed.stdout
+        listed = heddle("campaign", "list", *where)
+        assert "c: done, iteration 3, policy version 3" in listed.stdout
+        missing = heddle("campaign", "status", "nope", *where)
+        assert missing.returncode == 2
+        assert missing.stderr.strip() == "error: no campaign 'nope' in the store"
+        drawn = heddle("campaign", "plot", "c", "--out", str(tmp_path / "c.png"), *where)
+        assert drawn.returncode == 0, drawn.stderr
+        assert (tmp_path / "c.png").stat().st_size > 10_000
+    finally:
+        heddle("stop", *where)

@@ -12,13 +12,24 @@ client's users share.
 | `trace gen|stats|validate` | `traces` |
 | `tasks validate|stats` | `tasks` |
 | `model tiny` | `models` |
+| `campaign start|status|list|stop|resume|plot` | `campaign` |
 """
 
 from __future__ import annotations
 
 import typer
 
-from heddle.cli import bench, cluster, models, rollout, stack, tasks, traces, trajectories
+from heddle.cli import (
+    bench,
+    campaign,
+    cluster,
+    models,
+    rollout,
+    stack,
+    tasks,
+    traces,
+    trajectories,
+)
 
 app = typer.Typer(
     help="Heddle: trajectory-level scheduling for agentic RL rollout.", no_args_is_help=True
@@ -35,6 +46,7 @@ app.add_typer(traces.app, name="trace")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(models.app, name="model")
+app.add_typer(campaign.app, name="campaign")
 
 
 def main() -> None:

@@ -1,0 +1,248 @@
+"""`heddle campaign start|status|list|stop|resume|plot`: training campaigns, each a
+durable workflow; the commands start, follow and steer them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from heddle.cli.common import (
+    Address,
+    ClusterOpt,
+    ModelOpt,
+    StateDir,
+    StoreOpt,
+    cluster_config,
+    console,
+    fail,
+    store_url,
+)
+from heddle.cli.stack import embedded_stack, running_client, stack_or_address
+from heddle.errors import InputError
+
+app = typer.Typer(help="Training campaigns: rollout, train, sync, repeat.", no_args_is_help=True)
+
+NameArg = Annotated[str, typer.Argument(help="The campaign's name (its workflow id).")]
+QueuePrefix = Annotated[str, typer.Option(help="Task-queue prefix of the workers.")]
+POLL_S = 1.0
+
+
+async def follow(client: Any, name: str) -> Any:
+    """Print each iteration as it is recorded until the campaign's workflow ends."""
+    from heddle.report import campaign_table
+
+    handle = client.campaign(name)
+    shown = 0
+    while True:
+        rows = await client.campaign_iterations(name)
+        for r in rows[shown:]:
+            console.print(
+                f"iteration {r['iteration']}: reward {r['reward_mean']:.3f}, pass rate "
+                f"{r['pass_rate']:.3f}, rollout {r['makespan_s']:.1f} s, train "
+                f"{r['train_s']:.2f} s, sync {r['sync_s']:.2f} s"
+            )
+        shown = len(rows)
+        desc = await handle.describe()
+        if desc.status is not None and desc.status.name != "RUNNING":
+            break
+        await asyncio.sleep(POLL_S)
+    state = await client.campaign_state(name)
+    console.print(campaign_table(name, await client.campaign_iterations(name), state))
+    return state
+
+
+@app.command()
+def start(
+    name: NameArg,
+    iterations: Annotated[int, typer.Option(help="Iterations to run.")] = 5,
+    tasks: Annotated[
+        Path | None, typer.Option(help="Task file (JSON Lines): an agent campaign on a model.")
+    ] = None,
+    model: ModelOpt = None,
+    workload: Annotated[
+        str, typer.Option(help="Simulated campaign (no --tasks): the generated workload.")
+    ] = "math",
+    tasks_per_iteration: Annotated[
+        int, typer.Option(help="Tasks (agent: 0 = all) or prompts (simulated) an iteration.")
+    ] = 8,
+    samples: Annotated[int, typer.Option(help="Trajectories per task: a GRPO group.")] = 4,
+    policy: str = "verl",
+    sync: Annotated[bool, typer.Option(help="Sync the new weights to the engines.")] = True,
+    lr: Annotated[float, typer.Option(help="The trainer's AdamW learning rate.")] = 2e-4,
+    seed: int = 0,
+    cluster: ClusterOpt = None,
+    address: Address = None,
+    state_dir: StateDir = Path(".heddle"),
+    store: StoreOpt = None,
+    time_scale: Annotated[
+        float, typer.Option(help="Wall seconds per simulated second (embedded stack).")
+    ] = 0.05,
+    port: int = 7233,
+    ui_port: int = 8233,
+    headless: bool = False,
+    queue_prefix: QueuePrefix = "",
+    detach: Annotated[bool, typer.Option(help="Start it and return; follow with status.")] = False,
+) -> None:
+    """Start a campaign and follow it; it runs on in its workflow if this command stops."""
+    from heddle.campaign import CampaignSpec
+    from heddle.tasks import load_tasks
+    from heddle.types import RolloutOptions
+
+    try:
+        task_list = load_tasks(tasks) if tasks is not None else None
+        if task_list is not None and model is None:
+            raise ValueError("an agent campaign (--tasks) needs --model DIR")
+        cfg = cluster_config(cluster, "vllm" if task_list is not None else None, model)
+    except (InputError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    spec = CampaignSpec(
+        name=name,
+        mode="agent" if task_list is not None else "simulated",
+        iterations=iterations,
+        samples=samples,
+        tasks_per_iteration=tasks_per_iteration,
+        seed=seed,
+        options=RolloutOptions(policy=policy, tools="real" if task_list else "replay"),
+        checkpoint_root=str((state_dir / "campaigns" / name).resolve()),
+        model_path=str(Path(model).resolve()) if model else "",
+        sync_weights=sync,
+        lr=lr,
+        workload=workload,
+    )
+
+    async def run() -> None:
+        url = store_url(store, state_dir)
+        stack = stack_or_address(
+            address,
+            state_dir,
+            url,
+            lambda: embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url),
+        )
+        from heddle.client import HeddleClient
+
+        async with stack as target:
+            client = await HeddleClient.connect(
+                target.address, store_url=target.store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                await client.start_campaign(spec, tasks=task_list)
+                console.print(f"campaign {name} started ({spec.mode}, {iterations} iterations)")
+                if target.ui_url:
+                    console.print(f"Temporal UI: {target.ui_url}")
+                if not detach:
+                    await follow(client, name)
+
+    try:
+        asyncio.run(run())
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def _with_client(address: str | None, state_dir: Path, prefix: str, action: Any) -> Any:
+    async def run() -> Any:
+        client = await running_client(address, state_dir, prefix)
+        async with client:
+            return await action(client)
+
+    try:
+        return asyncio.run(run())
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command()
+def status(
+    name: NameArg,
+    address: Address = None,
+    state_dir: StateDir = Path(".heddle"),
+    queue_prefix: QueuePrefix = "",
+) -> None:
+    """The campaign's state and a row per finished iteration."""
+    from heddle.report import campaign_table
+
+    async def show(client: Any) -> None:
+        if await asyncio.to_thread(client.store.get_campaign, name) is None:
+            raise ValueError(f"no campaign {name!r} in the store")
+        state = await client.campaign_state(name)
+        console.print(campaign_table(name, await client.campaign_iterations(name), state))
+
+    _with_client(address, state_dir, queue_prefix, show)
+
+
+@app.command("list")
+def list_(
+    address: Address = None, state_dir: StateDir = Path(".heddle"), queue_prefix: QueuePrefix = ""
+) -> None:
+    """Every campaign in the store, with where it stands."""
+
+    async def show(client: Any) -> None:
+        for name in await client.list_campaigns():
+            state = await client.campaign_state(name)
+            console.print(
+                f"{name}: {state.phase}, iteration {state.iteration}, "
+                f"policy version {state.policy_version}"
+            )
+
+    _with_client(address, state_dir, queue_prefix, show)
+
+
+@app.command()
+def stop(
+    name: NameArg,
+    address: Address = None,
+    state_dir: StateDir = Path(".heddle"),
+    queue_prefix: QueuePrefix = "",
+) -> None:
+    """Stop after the iteration in flight (its checkpoint committed and synced)."""
+
+    async def signal(client: Any) -> None:
+        await client.stop_campaign(name)
+        console.print(f"campaign {name} stops after its current iteration")
+
+    _with_client(address, state_dir, queue_prefix, signal)
+
+
+@app.command()
+def resume(
+    name: NameArg,
+    address: Address = None,
+    state_dir: StateDir = Path(".heddle"),
+    queue_prefix: QueuePrefix = "",
+    detach: bool = False,
+) -> None:
+    """Start a stopped, failed or terminated campaign again from its last state."""
+
+    async def go(client: Any) -> None:
+        await client.resume_campaign(name)
+        state = await client.campaign_state(name)
+        console.print(f"campaign {name} runs from iteration {state.iteration}")
+        if not detach:
+            await follow(client, name)
+
+    _with_client(address, state_dir, queue_prefix, go)
+
+
+@app.command()
+def plot(
+    name: NameArg,
+    out: Annotated[Path, typer.Option(help="The PNG to write.")] = Path("campaign.png"),
+    store: StoreOpt = None,
+    state_dir: StateDir = Path(".heddle"),
+) -> None:
+    """Draw mean reward and iteration time over iterations (from the store)."""
+    from heddle.report import campaign_plot
+    from heddle.store import TrajectoryStore
+
+    s = TrajectoryStore.open(store_url(store, state_dir))
+    try:
+        if s.get_campaign(name) is None:
+            raise fail(f"no campaign {name!r} in the store")
+        rows = s.campaign_iterations(name)
+    finally:
+        s.close()
+    if not rows:
+        raise fail(f"campaign {name!r} has no finished iteration yet")
+    console.print(f"wrote {campaign_plot(name, rows, out)}")
