@@ -122,6 +122,7 @@ class AgentTurns:
         output_ids: list[int],
         logprobs: list[float],
         finish_reason: str,
+        weight_version: int = 0,
     ) -> TurnOutcome:
         """Parse the turn's tool calls and store the turn, its text and the calls'
         arguments (a call that cannot run gets its error observation now)."""
@@ -155,6 +156,7 @@ class AgentTurns:
             input_ids=turn.appended,
             output_ids=output_ids,
             output_logprobs=logprobs,
+            weight_version=weight_version,
             finish_reason=finish_reason,
             text=text,
         )

@@ -171,11 +171,8 @@ class ControlActivities:
         pool = self.host.pool
         if pool is None:
             raise ApplicationError("this worker hosts no engines", non_retryable=True)
-        try:
-            async with heartbeating():
-                return await pool.sync_weights(request.checkpoint.path, request.checkpoint.step)
-        except NotImplementedError as exc:
-            raise ApplicationError(str(exc), type="SyncError", non_retryable=True) from exc
+        async with heartbeating():
+            return await pool.sync_weights(request.checkpoint.path, request.checkpoint.step)
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

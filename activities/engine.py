@@ -144,6 +144,7 @@ class EngineActivities:
             made = base + tokens
 
         made = 0
+        version = -1
         try:
             async with heartbeating(lambda: made):
                 while len(ids) < turn.max_new_tokens:
@@ -162,6 +163,7 @@ class EngineActivities:
                     first = first or result
                     ids += result.output_ids
                     logprobs += result.output_logprobs
+                    version = max(version, result.weight_version)
                     base = made = len(ids)
                     finish = result.finish_reason or "length"
                     target = result.moved_to
@@ -175,7 +177,7 @@ class EngineActivities:
         finally:
             if lean:
                 self._report(request, engine.instance_id)
-        outcome = await self.agent.finish(request, turn, ids, logprobs, finish)
+        outcome = await self.agent.finish(request, turn, ids, logprobs, finish, max(version, 0))
         now = time.time()
         before_tool = bool(outcome.calls)
         next_instance = ""

@@ -8,7 +8,9 @@ interface, `Engine`; the engine host starts and stops them as the cluster plan s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -134,7 +136,7 @@ class EnginePool:
         seconds it took (for simulated engines: the modelled broadcast of the model's
         weights into each instance at once, waited out on the stack's clock)."""
         if self.vllm is not None:
-            raise NotImplementedError("weight sync to vLLM instances is not built yet")
+            return await self._sync_vllm(path, version)
         if not self.tps:
             return 0.0
         model = self.shape.cluster.model
@@ -142,6 +144,26 @@ class EnginePool:
         await asyncio.sleep(modelled * self.shape.time_scale)
         self.weight_version = version
         return modelled
+
+    async def _sync_vllm(self, path: str, version: int) -> float:
+        """Every instance at once; instances started from now on load `path` too, so an
+        instance that failed its sync, or died, comes back on the committed checkpoint,
+        never on the base model."""
+        assert self.vllm is not None
+        began = time.monotonic()
+        self.vllm = dataclasses.replace(self.vllm, model_path=path, weight_version=version)
+        engines = list(self.engines.items())
+        results = await asyncio.gather(
+            *(e.sync_weights(path, version) for _, e in engines),  # type: ignore[attr-defined]
+            return_exceptions=True,
+        )
+        failed = [iid for (iid, _), r in zip(engines, results, strict=True) if r is not None]
+        for iid in failed:
+            # Stopped, it reads as dead: the host marks it down and starts it again.
+            log.warning("instance %s failed its weight sync: restarting it on %s", iid, path)
+            await self.engines[iid].stop()
+        self.weight_version = version
+        return time.monotonic() - began
 
     def unhealthy(self) -> list[str]:
         """Instances whose engine died (a vLLM engine core process that exited)."""

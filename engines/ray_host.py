@@ -49,6 +49,9 @@ class VllmActor:
     async def stop(self) -> None:
         await self.vllm.stop()
 
+    async def sync_weights(self, path: str, version: int) -> None:
+        await self.vllm.sync_weights(path, version)
+
 
 class RayVllm:
     """The engine host's handle on a `VllmActor` (the `VllmBackend` interface)."""
@@ -108,6 +111,11 @@ class RayVllm:
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
+
+    async def sync_weights(self, path: str, version: int) -> None:
+        if self._actor is None:
+            raise EngineDead(self.instance_id, 0)
+        await self._actor.sync_weights.remote(path, version)
 
     def kill(self) -> None:
         """End the actor's process at once (what a crashed host looks like)."""

@@ -39,6 +39,7 @@ class EngineResult:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
+    weight_version: int = -1  # of a sampled turn's weights (-1: not reported)
 
 
 class _Pending:

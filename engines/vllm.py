@@ -65,6 +65,7 @@ class VllmSettings:
     prefix_caching: bool = True
     use_gpus: bool = False  # Ray placement groups reserve GPUs (TP of them) or a CPU
     nice: int | None = None  # the engine processes' niceness; None: 10 on CPU, else 0
+    weight_version: int = 0  # of the weights at model_path (a campaign's train step)
 
     def engine_args(self, tp: int) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -193,6 +194,7 @@ class StreamPart:
     cached: int
     logprobs: list[float]
     finish_reason: str = ""
+    weight_version: int = -1  # at the end: the version that made the last token
 
 
 def _sampled_logprobs(ids: list[int], logprobs: Any) -> list[float]:
@@ -261,6 +263,13 @@ async def _in_lowered_thread(build: Callable[[], T], nice: int) -> T:
     return await done
 
 
+def _version(spans: Any, loaded: int) -> int:
+    """The version vLLM labelled a finished output's last tokens with ("default" until a
+    sync labels one), else the version this instance loaded."""
+    label = str(spans[-1].version) if spans else ""
+    return int(label) if label.isdigit() else loaded
+
+
 class LocalVllm:
     """vLLM's async engine in this process (its engine core in a child process): the
     token-level stream the engine interface is built on."""
@@ -271,6 +280,7 @@ class LocalVllm:
         self.tp = tp
         self._llm: Any = None
         self.kv_usage = 0.0  # fraction of the KV cache in use, as vLLM last reported it
+        self.weight_version = settings.weight_version  # of the weights loaded
 
     @property
     def is_healthy(self) -> bool:
@@ -324,6 +334,21 @@ class LocalVllm:
         )
         log.info("vLLM instance %s up in %.1f s", self.instance_id, time.monotonic() - started)
 
+    async def sync_weights(self, path: str, version: int) -> None:
+        """Load the weights at `path` in place (REFERENCES.md, "The RL loop"): pause once
+        the steps running have finished (a turn is never made by two versions), reload
+        through the worker's `reload_weights`, label the version, resume. The prefix
+        cache is cleared with the pause: the old weights' KV must not be reused."""
+        if self._llm is None:
+            raise EngineDead(self.instance_id, 0)
+        await self._llm.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            await self._llm.update_weight_version(str(version))
+            self.weight_version = version
+        finally:
+            await self._llm.resume_generation()
+
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:
@@ -355,11 +380,13 @@ class LocalVllm:
             ):
                 made = out.outputs[0]
                 ids = list(made.token_ids)
+                spans = getattr(made, "weight_versions", None)
                 yield StreamPart(
                     ids,
                     int(out.num_cached_tokens or 0),
                     _sampled_logprobs(ids, made.logprobs) if sampling else [],
                     str(made.finish_reason or ""),
+                    _version(spans, self.weight_version),
                 )
         except EngineDeadError as exc:
             raise EngineDead(self.instance_id, 0) from exc
@@ -379,6 +406,8 @@ class VllmBackend(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    async def sync_weights(self, path: str, version: int) -> None: ...
 
     def stream(
         self,
@@ -426,6 +455,9 @@ class VllmEngine:
     async def stop(self) -> None:
         await self.backend.stop()
 
+    async def sync_weights(self, path: str, version: int) -> None:
+        await self.backend.sync_weights(path, version)
+
     async def generate(
         self, request: EngineRequest, on_progress: Callable[[int], None] | None = None
     ) -> EngineResult:
@@ -442,6 +474,7 @@ class VllmEngine:
         ids: list[int] = []
         logprobs: list[float] = []
         finish_reason = ""
+        weight_version = -1
         self._running[request.request_id] = request
         stream = self.backend.stream(
             request.request_id, prompt, request.max_new_tokens, request.priority,
@@ -455,6 +488,7 @@ class VllmEngine:
                     ids += part.ids
                     logprobs += part.logprobs
                     finish_reason = part.finish_reason or finish_reason
+                    weight_version = max(weight_version, part.weight_version)
                 else:
                     self.sessions.extend(tid, part.ids)
                 request.num_output_tokens += len(part.ids)
@@ -480,6 +514,7 @@ class VllmEngine:
             output_ids=ids,
             output_logprobs=logprobs,
             finish_reason=finish_reason,
+            weight_version=weight_version,
         )
 
     def running_decodes(self) -> list[EngineRequest]:
