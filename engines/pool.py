@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from engines.core import modelled_core
@@ -60,6 +62,12 @@ class Engine(Protocol):
     def queued_steps(self) -> list[EngineRequest]: ...
 
     def stop_to_move(self, request_id: str, target: str) -> bool: ...
+
+
+def ties_embeddings(model_path: str) -> bool:
+    """Whether the model folder's config ties its output embedding to its input one."""
+    config = Path(model_path) / "config.json"
+    return config.exists() and bool(json.loads(config.read_text()).get("tie_word_embeddings"))
 
 
 @dataclass(frozen=True)
@@ -151,8 +159,17 @@ class EnginePool:
         never on the base model."""
         assert self.vllm is not None
         began = time.monotonic()
+        loaded = self.vllm.model_path
         self.vllm = dataclasses.replace(self.vllm, model_path=path, weight_version=version)
         engines = list(self.engines.items())
+        if ties_embeddings(loaded):
+            # vLLM's CPU build keeps a tied lm_head's packed copy from the load: reloaded
+            # in place it would go stale. The instances restart on `path` instead.
+            log.warning("instances run a model with tied embeddings: restarting them on %s", path)
+            for _, engine in engines:
+                await engine.stop()
+            self.weight_version = version
+            return time.monotonic() - began
         results = await asyncio.gather(
             *(e.sync_weights(path, version) for _, e in engines),  # type: ignore[attr-defined]
             return_exceptions=True,
