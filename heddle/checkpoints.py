@@ -90,6 +90,14 @@ def commit(staging: Path, root: Path, step: int, info: dict[str, Any]) -> Checkp
     return CheckpointRef(str(target), step)
 
 
+def copy_model_files(source: Path, staging: Path) -> None:
+    """The tokenizer and config files a model folder needs, from `source`, where the
+    weights' own save did not write them."""
+    for name in MODEL_FILES:
+        if (source / name).exists() and not (staging / name).exists():
+            shutil.copy(source / name, staging / name)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -117,7 +125,5 @@ def base_checkpoint(model_dir: Path, root: Path) -> CheckpointRef:
         model.lm_head.weight = torch.nn.Parameter(embedding.detach().clone())  # type: ignore[union-attr,operator]
     staging = staging_dir(root, 0)
     model.save_pretrained(staging)
-    for name in MODEL_FILES:
-        if (model_dir / name).exists() and not (staging / name).exists():
-            shutil.copy(model_dir / name, staging / name)
+    copy_model_files(model_dir, staging)
     return commit(staging, root, 0, {"parent": str(model_dir), "untied": tied})

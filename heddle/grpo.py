@@ -16,7 +16,6 @@ step run again after a crash writes the same bytes as the first attempt would ha
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from heddle.checkpoints import (
-    MODEL_FILES,
     CheckpointRef,
     commit,
     committed,
+    copy_model_files,
     staging_dir,
     trainer_info,
 )
@@ -160,10 +159,7 @@ def train_step(
     )
     staging = staging_dir(root, step)
     model.save_pretrained(staging)
-    for name in MODEL_FILES:
-        source = Path(start.path) / name
-        if source.exists() and not (staging / name).exists():
-            shutil.copy(source, staging / name)
+    copy_model_files(Path(start.path), staging)
     torch.save(optimizer.state_dict(), staging / "optimizer.pt")
     torch.save(torch.get_rng_state(), staging / "rng.pt")
     info = {

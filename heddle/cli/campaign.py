@@ -20,7 +20,7 @@ from heddle.cli.common import (
     fail,
     store_url,
 )
-from heddle.cli.stack import embedded_stack, running_client, stack_or_address
+from heddle.cli.stack import embedded_stack, running_client, stack_client
 from heddle.errors import InputError
 
 app = typer.Typer(help="Training campaigns: rollout, train, sync, repeat.", no_args_is_help=True)
@@ -115,25 +115,20 @@ def start(
 
     async def run() -> None:
         url = store_url(store, state_dir)
-        stack = stack_or_address(
-            address,
-            state_dir,
-            url,
-            lambda: embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url),
-        )
-        from heddle.client import HeddleClient
 
-        async with stack as target:
-            client = await HeddleClient.connect(
-                target.address, store_url=target.store_url, queue_prefix=queue_prefix
-            )
-            async with client:
-                await client.start_campaign(spec, tasks=task_list)
-                console.print(f"campaign {name} started ({spec.mode}, {iterations} iterations)")
-                if target.ui_url:
-                    console.print(f"Temporal UI: {target.ui_url}")
-                if not detach:
-                    await follow(client, name)
+        def embedded() -> Any:
+            return embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url)
+
+        async with stack_client(address, state_dir, url, queue_prefix, embedded) as (
+            target,
+            client,
+        ):
+            await client.start_campaign(spec, tasks=task_list)
+            console.print(f"campaign {name} started ({spec.mode}, {iterations} iterations)")
+            if target.ui_url:
+                console.print(f"Temporal UI: {target.ui_url}")
+            if not detach:
+                await follow(client, name)
 
     try:
         asyncio.run(run())

@@ -26,7 +26,7 @@ from heddle.cli.common import (
     fail,
     store_url,
 )
-from heddle.cli.stack import embedded_stack, stack_or_address
+from heddle.cli.stack import embedded_stack, stack_client
 from heddle.errors import InputError
 from heddle.types import BatchReport
 
@@ -84,7 +84,7 @@ def rollout(
     ] = False,
 ) -> None:
     """Run a rollout batch from a trace (or a batch spec) and print its report."""
-    from heddle.client import HeddleClient, validate_options
+    from heddle.client import validate_options
     from heddle.config import load_batch_spec
     from heddle.history import load_history
     from heddle.report import rollout_table
@@ -135,28 +135,25 @@ def rollout(
 
     async def run() -> tuple[BatchReport, bool]:
         url = store_url(store, state_dir)
-        stack = stack_or_address(
-            address,
-            state_dir,
-            url,
-            lambda: embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url),
-        )
-        async with stack as target:
-            client = await HeddleClient.connect(
-                target.address, store_url=target.store_url, queue_prefix=queue_prefix
-            )
-            async with client:
-                if task_list is not None:
-                    handle = await client.start_rollout(
-                        tasks=task_list, samples=samples, options=options, history=earlier
-                    )
-                else:
-                    handle = await client.start_rollout(
-                        records=records, options=options, history=earlier
-                    )
-                total = len(task_list) * samples if task_list is not None else len(records)
-                report = await _follow(handle, total, quiet)
-                outcomes = await asyncio.to_thread(client.store.batch_outcomes, report.batch_id)
+
+        def embedded() -> Any:
+            return embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url)
+
+        async with stack_client(address, state_dir, url, queue_prefix, embedded) as (
+            target,
+            client,
+        ):
+            if task_list is not None:
+                handle = await client.start_rollout(
+                    tasks=task_list, samples=samples, options=options, history=earlier
+                )
+            else:
+                handle = await client.start_rollout(
+                    records=records, options=options, history=earlier
+                )
+            total = len(task_list) * samples if task_list is not None else len(records)
+            report = await _follow(handle, total, quiet)
+            outcomes = await asyncio.to_thread(client.store.batch_outcomes, report.batch_id)
             console.print(rollout_table(report, target.ui_url, outcomes))
             return report, target.owned
 

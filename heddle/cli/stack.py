@@ -90,6 +90,25 @@ async def stack_or_address(
         stack.stop()
 
 
+@contextlib.asynccontextmanager
+async def stack_client(
+    address: str | None,
+    state_dir: Path,
+    store_url: str,
+    queue_prefix: str,
+    embedded: Callable[[], Any],
+) -> AsyncIterator[tuple[Target, Any]]:
+    """`stack_or_address`, and a client connected to it for the duration."""
+    from heddle.client import HeddleClient
+
+    async with stack_or_address(address, state_dir, store_url, embedded) as target:
+        client = await HeddleClient.connect(
+            target.address, store_url=target.store_url, queue_prefix=queue_prefix
+        )
+        async with client:
+            yield target, client
+
+
 def running_address(address: str | None, state_dir: Path) -> str:
     from heddle.runtime.stack import running_stack
 
