@@ -92,7 +92,7 @@ class TrainerActivities:
         return TrainResult(done, 0, info["tokens"], 0.0, 0.0, info["train_s"])
 
     def _batch_tokens(self, batch_id: str) -> int:
-        """Every token the batch's trajectories hold: prompts, outputs and tool results
-        each pass through the trainer's forward (the loss is over the outputs)."""
+        """The batch's prompt and generated tokens, which the trainer's forward passes
+        over (the store keeps no count of tool results' tokens, so they are left out)."""
         rows = self.store.list_trajectories(batch_id, limit=10**9)
         return sum(int(r["prompt_tokens"]) + int(r["generated_tokens"] or 0) for r in rows)
