@@ -23,6 +23,7 @@ from heddle.store import TrajectoryStore
 from heddle.tasks import Task, agent_records
 from heddle.trace import TraceRecord
 from heddle.workloads import generate
+from scheduler.registry import policy_without_history
 from scheduler.start_order import longest_expected_first
 
 # The most trajectories of the batch before that the start order reads.
@@ -89,12 +90,18 @@ class CampaignActivities:
                 iteration=request.iteration,
             )
         options = dataclasses.replace(spec.options, seed=spec.seed * 100_003 + request.iteration)
+        opened = self.store.get_batch(batch_id) is not None
+        # The batch before this one, for its start order (and, for a learning policy,
+        # its plan: the store's latest batch before it). With none, a learning policy's
+        # batch runs the policy that needs no history.
+        before = self.store.batch_before(batch_id if opened else None)
+        if before is None and options.policy != policy_without_history(options.policy):
+            options = dataclasses.replace(
+                options, policy=policy_without_history(options.policy), plans_split=False
+            )
         batch = IterationBatch(batch_id, len(records), [t.task_id for t in tasks], epoch, options)
-        if self.store.get_batch(batch_id) is not None:
+        if opened:
             return batch  # opened before a crash or a retry: the same draw
-        # The batch before this one in the campaign, for its start order (and, for a
-        # learning policy, its plan: the store's latest batch before it).
-        before = self.store.batch_before()
         records = in_start_order(self.store, records, before)
         self.store.create_batch(
             batch_id=batch_id,

@@ -89,10 +89,9 @@ class TrainerActivities:
             info = {"tokens": tokens, "train_s": modelled, "wall_s": time.monotonic() - began}
             done = commit(staging_dir(root, step), root, step, {"simulated": True, **info})
         info = trainer_info(done.path)
-        return TrainResult(done, 0, info["tokens"], 0.0, 0.0, info["train_s"])
+        return TrainResult(done, 0, int(info["tokens"]), 0.0, 0.0, info["train_s"])
 
     def _batch_tokens(self, batch_id: str) -> int:
-        """The batch's prompt and generated tokens, which the trainer's forward passes
-        over (the store keeps no count of tool results' tokens, so they are left out)."""
-        rows = self.store.list_trajectories(batch_id, limit=10**9)
-        return sum(int(r["prompt_tokens"]) + int(r["generated_tokens"] or 0) for r in rows)
+        """The tokens the trainer's forward passes read: every trajectory's prompt,
+        outputs and tool results, as the simulated batch's trace gives them."""
+        return sum(s.sequence_tokens for s in self.store.load_specs(batch_id, 0, 10**9))

@@ -38,7 +38,7 @@ from heddle.types import (
     RolloutOptions,
 )
 from heddle.workloads import generate
-from scheduler.registry import PLANS_SPLIT, policy_names
+from scheduler.registry import PLANS_SPLIT, learns_from_history, policy_names
 from workflows.batch import RolloutBatchWorkflow
 from workflows.campaign import TrainingCampaignWorkflow
 from workflows.control import ClusterControlWorkflow
@@ -164,7 +164,7 @@ class HeddleClient:
         options = replace(options or RolloutOptions(), queue_prefix=self.queue_prefix)
         validate_options(options)
         options = replace(options, plans_split=options.policy in PLANS_SPLIT)
-        learns = options.plans_split and not options.policy.endswith("-oracle")
+        learns = learns_from_history(options.policy)
         earlier: list[TraceRecord] = []
         if history is not None:
             earlier = (

@@ -57,6 +57,12 @@ class TrajectorySpec:
     def generated_tokens(self) -> int:
         return sum(s.output_tokens for s in self.steps)
 
+    @property
+    def sequence_tokens(self) -> int:
+        """Its whole sequence as a trainer's forward pass reads it: the prompt, every
+        turn's output and every tool result."""
+        return self.prompt_tokens + sum(s.output_tokens + s.tool_output_tokens for s in self.steps)
+
 
 @dataclass
 class RolloutOptions:

@@ -30,6 +30,21 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
 # batch workflow asks the scheduler service to plan and the control workflow to reshape.
 PLANS_SPLIT = frozenset(name for name in POLICIES if name.startswith("heddle"))
 
+# What a learning policy's batch runs when no earlier batch exists (a campaign's first
+# iteration): Autellix needs no history and is the strongest such peer on coding and
+# math in the paper setting (docs/benchmarks.md).
+FIRST_BATCH_POLICY = "autellix"
+
+
+def learns_from_history(name: str) -> bool:
+    """Whether the policy plans from an earlier batch (its predictor and its split)."""
+    return name in PLANS_SPLIT and not name.endswith("-oracle")
+
+
+def policy_without_history(name: str) -> str:
+    """The policy a batch with no earlier one runs in place of `name`."""
+    return FIRST_BATCH_POLICY if learns_from_history(name) else name
+
 
 def policy_names() -> list[str]:
     return sorted(POLICIES)

@@ -38,7 +38,9 @@ def test_draws_cover_each_epoch_once_in_a_seeded_order() -> None:
     assert draw_tasks(tasks, 4, [], 0, seed=7)[0] != draw_tasks(tasks, 4, [], 0, seed=8)[0]
 
 
-def _spec(name: str, root: Path, iterations: int, per_run: int = 10) -> CampaignSpec:
+def _spec(
+    name: str, root: Path, iterations: int, per_run: int = 10, policy: str = "verl"
+) -> CampaignSpec:
     return CampaignSpec(
         name=name,
         mode="simulated",
@@ -47,7 +49,7 @@ def _spec(name: str, root: Path, iterations: int, per_run: int = 10) -> Campaign
         tasks_per_iteration=3,
         workload="math",
         checkpoint_root=str(root / name),
-        options=RolloutOptions(policy="verl"),
+        options=RolloutOptions(policy=policy),
         iterations_per_run=per_run,
     )
 
@@ -93,6 +95,23 @@ def test_a_simulated_campaign_runs_its_iterations_through_continue_as_new(
             assert await heddle.list_campaigns() == ["sim"]
             with pytest.raises(ValueError, match="already exists"):
                 await heddle.start_campaign(_spec("sim", tmp_path, 3))
+
+    asyncio.run(run())
+
+
+def test_a_learning_policy_campaign_starts_without_history_then_learns(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """Heddle plans from the batch before; a campaign's first iteration in an empty store
+    has none, so it runs the policy that needs no history, and heddle from then on."""
+
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            handle = await heddle.start_campaign(_spec("learn", tmp_path, 2, policy="heddle"))
+            state = await asyncio.wait_for(handle.result(), 240)
+            assert state.phase == "done"
+            policies = {b["batch_id"]: b["policy"] for b in await heddle.list_batches()}
+            assert policies == {"learn-it0000": "autellix", "learn-it0001": "heddle"}
 
     asyncio.run(run())
 
