@@ -171,8 +171,14 @@ class ControlActivities:
         pool = self.host.pool
         if pool is None:
             raise ApplicationError("this worker hosts no engines", non_retryable=True)
+        ref = request.checkpoint
         async with heartbeating():
-            return await pool.sync_weights(request.checkpoint.path, request.checkpoint.step)
+            seconds = await pool.sync_weights(ref.path, ref.step)
+        if pool.vllm is not None:
+            await asyncio.to_thread(
+                self.store.record_engine_weights, self.host.prefix, ref.path, ref.step
+            )
+        return seconds
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

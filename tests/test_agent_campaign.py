@@ -7,6 +7,7 @@ rollout's log-probs to be its own starting weights' (the sync reached the engine
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from pathlib import Path
 
@@ -87,3 +88,106 @@ def test_an_agent_campaign_trains_syncs_and_labels_its_turns(
         assert (root / "step-000002" / "model.safetensors").exists()
     finally:
         kill_process(worker.proc)
+
+
+@pytest.mark.timeout(1200)
+def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """The worker that runs the trainer and hosts the engines is SIGKILLed mid-step of a
+    random iteration, then mid-sync of the next, each time restarted. The campaign
+    finishes with every task trained once and every trajectory stored once, and each
+    committed step is bit for bit the step an uninterrupted trainer makes from the same
+    parent and the same stored rollout."""
+    require_vllm()
+    from heddle.checkpoints import CheckpointRef, base_checkpoint
+    from heddle.grpo import GrpoConfig, train_step
+    from heddle.training import training_batch
+    from tests.test_campaign_crashes import _phase
+
+    rng = random.Random(2028)
+    vllm_env(tmp_path)
+    root = tmp_path / "ckpt"
+    step0 = base_checkpoint(agent_model(), root)
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    prefix = f"k{uuid.uuid4().hex[:8]}-"
+    log = tmp_path / "worker.log"
+
+    def start_worker() -> VllmWorker:
+        proc = worker_process(
+            temporal_address, store_url, prefix, log, time_scale=1.0,
+            cluster=_cluster(Path(step0.path)),
+        )  # fmt: skip
+        return VllmWorker(temporal_address, store_url, prefix, log, proc)
+
+    iterations = 3
+    spec = CampaignSpec(
+        name="kills",
+        mode="agent",
+        iterations=iterations,
+        samples=2,
+        tasks_per_iteration=4,
+        checkpoint_root=str(root),
+        model_path=str(agent_model()),
+        lr=5e-3,
+        seed=3,
+        options=RolloutOptions(
+            policy="verl", tools="real", max_turns=3, max_tokens=1024, max_tokens_per_turn=64
+        ),
+    )
+    worker = start_worker()
+    killed: list[str] = []
+
+    async def kill_in(heddle: HeddleClient, phase: str, iteration: int, within_s: float) -> None:
+        nonlocal worker
+        await _phase(heddle, "kills", phase, iteration, timeout_s=600)
+        await asyncio.sleep(rng.uniform(0.0, within_s))
+        state = await heddle.campaign_state("kills")
+        kill_process(worker.proc)
+        killed.append(f"{state.phase} {state.iteration}")
+        worker = start_worker()
+
+    async def run() -> None:
+        heddle = await HeddleClient.connect(
+            temporal_address, store_url=store_url, queue_prefix=prefix
+        )
+        async with heddle:
+            handle = await heddle.start_campaign(spec, tasks=load_tasks(DATA / "math.jsonl"))
+            first = rng.randrange(0, iterations - 1)
+            await kill_in(heddle, "train", first, 1.0)
+            await kill_in(heddle, "sync", first + 1, 0.3)
+            state = await asyncio.wait_for(handle.result(), 900)
+            assert state.phase == "done"
+            assert state.policy_version == iterations
+            assert len(state.consumed_task_ids) == len(set(state.consumed_task_ids)) == 12
+            rows = await heddle.campaign_iterations("kills")
+            assert [r["iteration"] for r in rows] == list(range(iterations))
+            for r in rows:
+                assert r["completed"] == r["trajectories"] == 8
+
+    try:
+        worker.wait_up({"i0": 1, "i1": 1})
+        asyncio.run(run())
+    finally:
+        kill_process(worker.proc)
+    # Both kills fell where they were aimed (a phase lasts seconds; the kill within it).
+    assert [k.split()[0] for k in killed] == ["train", "sync"], killed
+    store = TrajectoryStore.open(store_url)
+    try:
+        for iteration in range(iterations):
+            turns = store.load_turns(f"kills-it{iteration:04d}")
+            assert {t.weight_version for ts in turns.values() for t in ts} == {iteration}
+        for step in range(1, iterations + 1):
+            batch = f"kills-it{step - 1:04d}"
+            ids = [r["trajectory_id"] for r in store.list_trajectories(batch, limit=100)]
+            assert len(ids) == len(set(ids)) == 8
+            parent = CheckpointRef(str(root / f"step-{step - 1:06d}"), step - 1)
+            again, _ = train_step(
+                parent, training_batch(store, batch), tmp_path / f"again-{step}",
+                GrpoConfig(lr=spec.lr, micro_batch=spec.micro_batch), seed=spec.seed,
+            )  # fmt: skip
+            for name in ("model.safetensors", "optimizer.pt", "rng.pt"):
+                made = (root / f"step-{step:06d}" / name).read_bytes()
+                assert (Path(again.path) / name).read_bytes() == made, (step, name)
+    finally:
+        store.close()

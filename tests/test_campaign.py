@@ -179,3 +179,24 @@ def test_the_cli_starts_a_campaign_survives_the_stack_stopping_and_resumes(
         assert (tmp_path / "c.png").stat().st_size > 10_000
     finally:
         heddle("stop", *where)
+
+
+def test_a_restarted_engine_host_starts_on_the_weights_last_synced(tmp_path: Path) -> None:
+    from engines.vllm import VllmSettings
+    from heddle.runtime.worker import on_synced_weights
+    from heddle.store import TrajectoryStore
+
+    store = TrajectoryStore.open(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        base = VllmSettings(model_path=str(tmp_path / "base"), max_model_len=1024)
+        assert on_synced_weights(base, store, "p-") == base  # nothing synced yet
+        step = tmp_path / "step-000003"
+        step.mkdir()
+        store.record_engine_weights("p-", str(step), 3)
+        restarted = on_synced_weights(base, store, "p-")
+        assert (restarted.model_path, restarted.weight_version) == (str(step), 3)
+        assert on_synced_weights(base, store, "other-") == base  # another stack's engines
+        step.rmdir()  # a checkpoint since removed: the configured model
+        assert on_synced_weights(base, store, "p-") == base
+    finally:
+        store.close()

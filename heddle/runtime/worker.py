@@ -7,9 +7,11 @@ Run it as `heddle worker --address HOST:PORT`; the embedded stack starts one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -85,6 +87,16 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
     )
 
 
+def on_synced_weights(settings: VllmSettings, store: TrajectoryStore, prefix: str) -> VllmSettings:
+    """The settings with the checkpoint a campaign last synced this host's instances to,
+    if any: a host restarted after a crash brings them back on it, not on the base."""
+    synced = store.engine_weights(prefix)
+    if synced is None or not Path(synced[0]).is_dir():
+        return settings
+    log.info("engines start on the synced checkpoint %s (version %d)", *synced)
+    return dataclasses.replace(settings, model_path=synced[0], weight_version=synced[1])
+
+
 def connect_ray(cluster: ClusterConfig) -> None:
     """Join the Ray cluster the engine config names, or start a local one."""
     import os
@@ -121,9 +133,12 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     service = SchedulerService(context=PolicyContext(shape))
     pool = None
     if opts.host_engines:
+        settings = vllm_settings(cluster)
+        if settings is not None:
+            settings = on_synced_weights(settings, store, prefix)
         pool = EnginePool(
             EngineShape(shape, policy=opts.engine_policy, time_scale=opts.time_scale),
-            vllm_settings(cluster),
+            settings,
             ray=cluster.engine.hosting == "ray",
         )
         if pool.ray:

@@ -666,6 +666,21 @@ class TrajectoryStore:
             ).all()
         return [json.loads(r) for r in rows]
 
+    # ---- engine weights --------------------------------------------------------------
+    def record_engine_weights(self, queue_prefix: str, path: str, version: int) -> None:
+        """The checkpoint an engine host's instances last synced to: a host restarted
+        after a crash starts its instances on it, not on the configured model."""
+        self.put_text(
+            _engine_weights_ref(queue_prefix), json.dumps({"path": path, "version": version})
+        )
+
+    def engine_weights(self, queue_prefix: str) -> tuple[str, int] | None:
+        found = self.get_text(_engine_weights_ref(queue_prefix))
+        if found is None:
+            return None
+        weights = json.loads(found)
+        return str(weights["path"]), int(weights["version"])
+
     # ---- texts -----------------------------------------------------------------------
     def put_text(self, ref: str, content: str) -> None:
         with self._session() as s:
@@ -675,6 +690,10 @@ class TrajectoryStore:
         with self._session() as s:
             row = s.get(TextRow, ref)
             return None if row is None else row.content
+
+
+def _engine_weights_ref(queue_prefix: str) -> str:
+    return f"engine-weights/{queue_prefix or '-'}"
 
 
 def _campaign_ref(name: str, what: str) -> str:
