@@ -11,6 +11,7 @@ when complete, and a step found committed is returned without training again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from heddle.grpo import GrpoConfig, train_step
 from heddle.hardware import GPUS, MODELS, ClusterShape
 from heddle.store import TrajectoryStore
 from heddle.training import training_batch
+
+log = logging.getLogger(__name__)
 
 
 class TrainerActivities:
@@ -59,6 +62,12 @@ class TrainerActivities:
         samples = await asyncio.to_thread(training_batch, self.store, request.batch_id)
         micro_batch = [0]
         config = GrpoConfig(lr=spec.lr, micro_batch=spec.micro_batch)
+        step = request.start.step + 1
+
+        def at(index: int) -> None:
+            micro_batch[0] = index
+            log.info("train step %d: micro-batch %d", step, index)
+
         async with heartbeating(lambda: micro_batch[0]):
             ref, metrics = await asyncio.to_thread(
                 train_step,
@@ -67,7 +76,7 @@ class TrainerActivities:
                 Path(spec.checkpoint_root),
                 config,
                 seed=spec.seed,
-                on_micro_batch=lambda i: micro_batch.__setitem__(0, i),
+                on_micro_batch=at,
             )
         return TrainResult(
             ref, metrics.samples, metrics.tokens, metrics.loss, metrics.logprob_gap, metrics.seconds

@@ -120,8 +120,19 @@ class EnginePool:
             if self.tps[instance_id] != tp:
                 raise ValueError(f"instance {instance_id} runs at TP {self.tps[instance_id]}")
             return self.engines[instance_id]
+        settings = self.vllm
         engine = self._build(instance_id, tp)
         await engine.start()
+        while self.vllm is not None and settings is not None and self.vllm is not settings:
+            # A weight sync came while it started (it was not an instance yet): it
+            # catches up, in place, or by a restart where it loaded tied embeddings.
+            if ties_embeddings(settings.model_path):
+                await engine.stop()
+                settings, engine = self.vllm, self._build(instance_id, tp)
+                await engine.start()
+            else:
+                settings = self.vllm
+                await engine.sync_weights(settings.model_path, settings.weight_version)  # type: ignore[attr-defined]
         self.engines[instance_id], self.tps[instance_id] = engine, tp
         self.first_gpu[instance_id] = first_gpu
         return engine
@@ -158,6 +169,7 @@ class EnginePool:
         instance that failed its sync, or died, comes back on the committed checkpoint,
         never on the base model."""
         assert self.vllm is not None
+        log.info("weight sync to version %d: %s", version, path)
         began = time.monotonic()
         loaded = self.vllm.model_path
         self.vllm = dataclasses.replace(self.vllm, model_path=path, weight_version=version)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from heddle.campaign import CampaignSpec
 from heddle.client import HeddleClient
 from heddle.store import TrajectoryStore
 from heddle.tasks import load_tasks
+from heddle.toytasks import FILE
 from heddle.types import RolloutOptions
 from tests.live import kill_process, worker_process
 from tests.real_engine import require_vllm, vllm_env
@@ -103,7 +105,6 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
     from heddle.checkpoints import CheckpointRef, base_checkpoint
     from heddle.grpo import GrpoConfig, train_step
     from heddle.training import training_batch
-    from tests.test_campaign_crashes import _phase
 
     rng = random.Random(2028)
     vllm_env(tmp_path)
@@ -125,12 +126,13 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
         name="kills",
         mode="agent",
         iterations=iterations,
-        samples=2,
+        samples=4,
         tasks_per_iteration=4,
         checkpoint_root=str(root),
         model_path=str(agent_model()),
-        lr=5e-3,
+        lr=2e-3,
         seed=3,
+        micro_batch=1,  # a micro-batch a sample: the step has points to be killed at
         options=RolloutOptions(
             policy="verl", tools="real", max_turns=3, max_tokens=1024, max_tokens_per_turn=64
         ),
@@ -138,9 +140,13 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
     worker = start_worker()
     killed: list[str] = []
 
-    async def kill_in(heddle: HeddleClient, phase: str, iteration: int, within_s: float) -> None:
+    async def kill_at(heddle: HeddleClient, line: str, within_s: float) -> None:
+        """SIGKILL the worker a random moment after it logs `line`, and start another."""
         nonlocal worker
-        await _phase(heddle, "kills", phase, iteration, timeout_s=600)
+        deadline = time.monotonic() + 600
+        while line not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, f"the worker never logged {line!r}"
+            await asyncio.sleep(0.01)
         await asyncio.sleep(rng.uniform(0.0, within_s))
         state = await heddle.campaign_state("kills")
         kill_process(worker.proc)
@@ -152,10 +158,13 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
             temporal_address, store_url=store_url, queue_prefix=prefix
         )
         async with heddle:
-            handle = await heddle.start_campaign(spec, tasks=load_tasks(DATA / "math.jsonl"))
+            # The toy tasks: rewards spread within groups, so every step has samples.
+            handle = await heddle.start_campaign(spec, tasks=load_tasks(FILE))
             first = rng.randrange(0, iterations - 1)
-            await kill_in(heddle, "train", first, 1.0)
-            await kill_in(heddle, "sync", first + 1, 0.3)
+            # Mid-step: at a random micro-batch of iteration `first`'s step; then mid-sync
+            # of the next iteration's weights.
+            await kill_at(heddle, f"train step {first + 1}: micro-batch {rng.randrange(2)}", 0.05)
+            await kill_at(heddle, f"weight sync to version {first + 2}:", 0.05)
             state = await asyncio.wait_for(handle.result(), 900)
             assert state.phase == "done"
             assert state.policy_version == iterations
@@ -163,14 +172,14 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
             rows = await heddle.campaign_iterations("kills")
             assert [r["iteration"] for r in rows] == list(range(iterations))
             for r in rows:
-                assert r["completed"] == r["trajectories"] == 8
+                assert r["completed"] == r["trajectories"] == 16
 
     try:
         worker.wait_up({"i0": 1, "i1": 1})
         asyncio.run(run())
     finally:
         kill_process(worker.proc)
-    # Both kills fell where they were aimed (a phase lasts seconds; the kill within it).
+    # Both kills fell where they were aimed.
     assert [k.split()[0] for k in killed] == ["train", "sync"], killed
     store = TrajectoryStore.open(store_url)
     try:
@@ -180,7 +189,7 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
         for step in range(1, iterations + 1):
             batch = f"kills-it{step - 1:04d}"
             ids = [r["trajectory_id"] for r in store.list_trajectories(batch, limit=100)]
-            assert len(ids) == len(set(ids)) == 8
+            assert len(ids) == len(set(ids)) == 16
             parent = CheckpointRef(str(root / f"step-{step - 1:06d}"), step - 1)
             again, _ = train_step(
                 parent, training_batch(store, batch), tmp_path / f"again-{step}",

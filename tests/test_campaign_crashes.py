@@ -21,10 +21,8 @@ from tests.live import SMALL_CLUSTER
 ITERATIONS = 4
 
 
-async def _phase(
-    client: HeddleClient, name: str, phase: str, iteration: int, timeout_s: float = 180
-) -> None:
-    deadline = time.monotonic() + timeout_s
+async def _phase(client: HeddleClient, name: str, phase: str, iteration: int) -> None:
+    deadline = time.monotonic() + 180
     while True:
         try:
             state = await client.campaign_state(name)

@@ -45,6 +45,8 @@ TRAIN_HEARTBEAT = timedelta(seconds=60)
 SYNC_TIMEOUT = timedelta(minutes=10)  # every sync has a deadline (TRL #6913, AReaL #1160)
 SYNC_HEARTBEAT = timedelta(seconds=30)
 PREPARE_TIMEOUT = timedelta(minutes=10)
+# Campaigns started before this sync their engines to step 0 only after iteration 0.
+START_SYNC_PATCH = "campaign-start-sync"
 
 
 @workflow.defn(name="TrainingCampaignWorkflow")
@@ -74,6 +76,11 @@ class TrainingCampaignWorkflow:
                 start_to_close_timeout=PREPARE_TIMEOUT,
                 result_type=CheckpointRef,
             )
+            if spec.mode == "agent" and spec.sync_weights and workflow.patched(START_SYNC_PATCH):
+                # The engines may run what an earlier campaign left them: the first
+                # rollout samples this campaign's step 0.
+                st.phase = "sync"
+                await self._sync(st.checkpoint, spec.options.queue_prefix)
         self._upsert(spec.name)
         for _ in range(spec.iterations_per_run):
             if st.iteration >= spec.iterations or self._stop:
@@ -84,6 +91,17 @@ class TrainingCampaignWorkflow:
             workflow.continue_as_new(CampaignInput(spec, st))
         st.phase = "done" if st.iteration >= spec.iterations else "stopped"
         return st
+
+    async def _sync(self, checkpoint: CheckpointRef, prefix: str) -> float:
+        """Every engine instance onto `checkpoint`; the sync's seconds."""
+        return await workflow.execute_activity(
+            names.SYNC_WEIGHTS,
+            SyncRequest(checkpoint),
+            task_queue=control_queue(prefix),
+            start_to_close_timeout=SYNC_TIMEOUT,
+            heartbeat_timeout=SYNC_HEARTBEAT,
+            result_type=float,
+        )
 
     async def _iteration(self, inp: CampaignInput) -> None:
         spec, st = inp.spec, self._state
@@ -126,14 +144,7 @@ class TrainingCampaignWorkflow:
         sync_s = 0.0
         if spec.sync_weights:
             st.phase = "sync"
-            sync_s = await workflow.execute_activity(
-                names.SYNC_WEIGHTS,
-                SyncRequest(trained.checkpoint),
-                task_queue=control_queue(prefix),
-                start_to_close_timeout=SYNC_TIMEOUT,
-                heartbeat_timeout=SYNC_HEARTBEAT,
-                result_type=float,
-            )
+            sync_s = await self._sync(trained.checkpoint, prefix)
             st.policy_version = trained.checkpoint.step
         st.predictor_version = opened.batch_id
         await workflow.execute_activity(

@@ -28,27 +28,65 @@ app = typer.Typer(help="Training campaigns: rollout, train, sync, repeat.", no_a
 NameArg = Annotated[str, typer.Argument(help="The campaign's name (its workflow id).")]
 QueuePrefix = Annotated[str, typer.Option(help="Task-queue prefix of the workers.")]
 POLL_S = 1.0
+# The phases of an iteration in flight (`workflows/campaign.py`).
+PHASES = ("rollout", "train", "sync")
 
 
 async def follow(client: Any, name: str) -> Any:
-    """Print each iteration as it is recorded until the campaign's workflow ends."""
+    """A progress bar per iteration (its rollout's trajectories, then its phase) and a
+    line as each is recorded, until the campaign's workflow ends; then the table."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from activities.campaign import iteration_batch_id
     from heddle.report import campaign_table
 
     handle = client.campaign(name)
     shown = 0
-    while True:
-        rows = await client.campaign_iterations(name)
-        for r in rows[shown:]:
-            console.print(
-                f"iteration {r['iteration']}: reward {r['reward_mean']:.3f}, pass rate "
-                f"{r['pass_rate']:.3f}, rollout {r['makespan_s']:.1f} s, train "
-                f"{r['train_s']:.2f} s, sync {r['sync_s']:.2f} s"
-            )
-        shown = len(rows)
-        desc = await handle.describe()
-        if desc.status is not None and desc.status.name != "RUNNING":
-            break
-        await asyncio.sleep(POLL_S)
+    bars: dict[int, Any] = {}
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[phase]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+
+        def bar(iteration: int) -> Any:
+            if iteration not in bars:
+                bars[iteration] = progress.add_task(f"iteration {iteration}", total=None, phase="")
+            return bars[iteration]
+
+        while True:
+            rows = await client.campaign_iterations(name)
+            for r in rows[shown:]:
+                done = r["trajectories"]
+                progress.update(bar(r["iteration"]), total=done, completed=done, phase="done")
+                progress.console.print(
+                    f"iteration {r['iteration']}: reward {r['reward_mean']:.3f}, pass rate "
+                    f"{r['pass_rate']:.3f}, rollout {r['makespan_s']:.1f} s, train "
+                    f"{r['train_s']:.2f} s, sync {r['sync_s']:.2f} s"
+                )
+            shown = len(rows)
+            try:
+                state = await client.campaign_state(name)
+            except Exception:  # between runs of continue-as-new, or the server restarting
+                state = None
+            if state is not None and state.iteration >= shown and state.phase in PHASES:
+                batch = await asyncio.to_thread(
+                    client.store.get_batch, iteration_batch_id(name, state.iteration)
+                )
+                if batch is not None:
+                    counts = batch["trajectory_status"]
+                    ended = counts.get("completed", 0) + counts.get("failed", 0)
+                    progress.update(
+                        bar(state.iteration), total=batch["num_trajectories"], completed=ended,
+                        phase=state.phase,
+                    )  # fmt: skip
+            desc = await handle.describe()
+            if desc.status is not None and desc.status.name != "RUNNING":
+                break
+            await asyncio.sleep(POLL_S)
     state = await client.campaign_state(name)
     console.print(campaign_table(name, await client.campaign_iterations(name), state))
     return state
@@ -72,6 +110,8 @@ def start(
     policy: str = "verl",
     sync: Annotated[bool, typer.Option(help="Sync the new weights to the engines.")] = True,
     lr: Annotated[float, typer.Option(help="The trainer's AdamW learning rate.")] = 2e-4,
+    max_turns: Annotated[int, typer.Option(help="An agent trajectory's model turns.")] = 64,
+    max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (agent).")] = 512,
     seed: int = 0,
     cluster: ClusterOpt = None,
     address: Address = None,
@@ -105,7 +145,12 @@ def start(
         samples=samples,
         tasks_per_iteration=tasks_per_iteration,
         seed=seed,
-        options=RolloutOptions(policy=policy, tools="real" if task_list else "replay"),
+        options=RolloutOptions(
+            policy=policy,
+            tools="real" if task_list else "replay",
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+        ),
         checkpoint_root=str((state_dir / "campaigns" / name).resolve()),
         model_path=str(Path(model).resolve()) if model else "",
         sync_weights=sync,
