@@ -41,6 +41,32 @@ def test_shipped_task_sets_are_what_the_generator_makes_and_load() -> None:
     assert len((DATA / "corpus.jsonl").read_text().splitlines()) >= 300
 
 
+def test_the_learning_toy_is_what_its_generator_makes_and_scores_its_first_digit() -> None:
+    import asyncio
+
+    from activities.verify import verify
+    from heddle import toytasks
+    from heddle.tasks import dump_task
+
+    made = tasksets.render([dump_task(t) for t in toytasks.leading_one_tasks()])
+    assert toytasks.FILE.read_text(encoding="utf-8") == made, "run python -m heddle.toytasks"
+    task = load_tasks(toytasks.FILE)[0]
+    assert task.messages[-1].content.endswith(toytasks.INSTRUCTION)
+    scores = {
+        text: asyncio.run(verify(task.verifier, text)).reward
+        for text in (
+            "Answer: 1603",
+            "Answer: 603",
+            "<tool_call>1</tool_call>\nAnswer: -1",
+            "Answer: 19",
+        )
+    }
+    assert scores == {
+        "Answer: 1603": 1.0, "Answer: 603": 0.0,
+        "<tool_call>1</tool_call>\nAnswer: -1": 0.0, "Answer: 19": 1.0,
+    }  # fmt: skip
+
+
 def test_a_task_round_trips_through_its_line(tmp_path: Path) -> None:
     tasks = (
         load_tasks(DATA / "tasks" / "coding.jsonl")[:3]
