@@ -118,8 +118,12 @@ def start(
     state_dir: StateDir = Path(".heddle"),
     store: StoreOpt = None,
     time_scale: Annotated[
-        float, typer.Option(help="Wall seconds per simulated second (embedded stack).")
-    ] = 0.05,
+        float | None,
+        typer.Option(
+            help="Wall seconds per simulated second (embedded stack); default 0.05 for a "
+            "simulated campaign, 1 for an agent one (real engines run in wall time)."
+        ),
+    ] = None,
     port: int = 7233,
     ui_port: int = 8233,
     headless: bool = False,
@@ -162,7 +166,8 @@ def start(
         url = store_url(store, state_dir)
 
         def embedded() -> Any:
-            return embedded_stack(state_dir, cfg, time_scale, headless, port, ui_port, url)
+            scale = time_scale if time_scale is not None else (1.0 if task_list else 0.05)
+            return embedded_stack(state_dir, cfg, scale, headless, port, ui_port, url)
 
         async with stack_client(address, state_dir, url, queue_prefix, embedded) as (
             target,
