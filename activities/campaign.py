@@ -95,10 +95,9 @@ class CampaignActivities:
         # its plan: the store's latest batch before it). With none, a learning policy's
         # batch runs the policy that needs no history.
         before = self.store.batch_before(batch_id if opened else None)
-        if before is None and options.policy != policy_without_history(options.policy):
-            options = dataclasses.replace(
-                options, policy=policy_without_history(options.policy), plans_split=False
-            )
+        fallback = policy_without_history(options.policy)
+        if before is None and fallback != options.policy:
+            options = dataclasses.replace(options, policy=fallback, plans_split=False)
         batch = IterationBatch(batch_id, len(records), [t.task_id for t in tasks], epoch, options)
         if opened:
             return batch  # opened before a crash or a retry: the same draw

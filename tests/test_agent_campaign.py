@@ -29,6 +29,14 @@ from tests.test_vllm_rollout import VllmWorker
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
 
+def campaign_worker(address: str, store_url: str, prefix: str, log: Path, step0: str) -> VllmWorker:
+    """A worker that hosts two vLLM CPU instances on a campaign's step 0 (`step0`, the
+    checkpoint's folder) and runs its trainer, logging to `log` (appended)."""
+    cluster = _cluster(Path(step0))
+    proc = worker_process(address, store_url, prefix, log, time_scale=1.0, cluster=cluster)
+    return VllmWorker(address, store_url, prefix, log, proc)
+
+
 @pytest.mark.timeout(1200)
 def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
     temporal_address: str, tmp_path: Path
@@ -52,11 +60,7 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
     log = tmp_path / "worker.log"
 
     def start_worker() -> VllmWorker:
-        proc = worker_process(
-            temporal_address, store_url, prefix, log, time_scale=1.0,
-            cluster=_cluster(Path(step0.path)),
-        )  # fmt: skip
-        return VllmWorker(temporal_address, store_url, prefix, log, proc)
+        return campaign_worker(temporal_address, store_url, prefix, log, step0.path)
 
     iterations = 3
     spec = CampaignSpec(

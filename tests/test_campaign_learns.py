@@ -19,10 +19,10 @@ from heddle.client import HeddleClient
 from heddle.tasks import load_tasks
 from heddle.toytasks import FILE
 from heddle.types import RolloutOptions
-from tests.live import kill_process, worker_process
+from tests.live import kill_process
 from tests.real_engine import require_vllm, vllm_env
-from tests.test_agent_rollout import _cluster, agent_model
-from tests.test_vllm_rollout import VllmWorker
+from tests.test_agent_campaign import campaign_worker
+from tests.test_agent_rollout import agent_model
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -60,11 +60,7 @@ def test_reward_rises_with_the_sync_and_stays_flat_without(
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     prefix = f"l{uuid.uuid4().hex[:8]}-"
     log = tmp_path / "worker.log"
-    proc = worker_process(
-        temporal_address, store_url, prefix, log, time_scale=1.0,
-        cluster=_cluster(Path(step0.path)),
-    )  # fmt: skip
-    worker = VllmWorker(temporal_address, store_url, prefix, log, proc)
+    worker = campaign_worker(temporal_address, store_url, prefix, log, step0.path)
     tasks = load_tasks(FILE)
 
     async def campaign(spec: CampaignSpec) -> list[float]:
