@@ -10,7 +10,8 @@ import threading
 
 from activities.toolkit import default_registry
 from activities.toolkit.base import Observation, count_tokens
-from activities.toolkit.python_exec import NOBODY, PythonSandbox, _launcher
+from activities.toolkit.isolation import launcher
+from activities.toolkit.python_exec import NOBODY, PythonSandbox
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -21,17 +22,18 @@ def test_python_runs_code_in_a_throwaway_directory() -> None:
     obs = run(PythonSandbox().run("import os; print(os.getcwd()); open('f.txt','w').write('x')"))
     assert obs.status == "ok"
     workdir = obs.text.strip()
-    assert workdir.startswith("/")
-    assert "heddle-py-" in workdir
-    assert not os.path.exists(workdir)  # deleted afterwards
+    if launcher().isolated:
+        assert workdir == "/tmp"  # the call's own tmpfs, gone with its mount namespace
+    else:
+        assert "heddle-py-" in workdir
+        assert not os.path.exists(workdir)  # deleted afterwards
 
 
 def test_python_does_not_run_as_root() -> None:
-    _, _, as_nobody = _launcher()
     obs = run(PythonSandbox().run("import os; print(os.getuid())"))
     assert obs.status == "ok"
     if os.geteuid() == 0:
-        assert as_nobody
+        assert launcher().as_nobody
         assert obs.text.strip() == str(NOBODY)
 
 
