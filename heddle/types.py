@@ -150,6 +150,9 @@ class Decision:
     # The policy may move the trajectory when it re-predicts at the end of the step: the
     # workflow asks it (`anticipate`) while the step's tool call runs.
     anticipate: bool = False
+    # The policy's forecast of the trajectory's remaining tokens, for the UI's
+    # `HeddlePredictedRemaining`; -1 where the policy does not forecast.
+    predicted_remaining: int = -1
 
 
 def size_bin(tokens: int) -> str:

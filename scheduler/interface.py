@@ -69,6 +69,14 @@ REVIEW_MIN_TOKENS = 2048
 
 
 @runtime_checkable
+class Forecasting(Protocol):
+    """An order that ranks by a forecast of remaining work: the decision carries it, so
+    the UI can list the trajectories predicted to run longest, and where."""
+
+    def predicted_remaining(self, trajectory_id: str) -> float | None: ...
+
+
+@runtime_checkable
 class Reviewer(Protocol):
     """A placement that re-examines steps in the middle of long decodes and may move one
     to another instance (its KV transferred, generation resumed from the tokens made)."""
@@ -174,17 +182,22 @@ class Policy:
         # and whether it reviews decodes in progress.
         self.migrates: bool = isinstance(self.placement, Migrating) and self.placement.migrate
         self.reviews: bool = self._reviewer is not None
+        self._forecaster = self.order if isinstance(self.order, Forecasting) else None
 
     def decide(
         self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
     ) -> Decision:
         placed = self.placement.place(event, instances, now)
         priority = self.order.priority(event, now)
+        forecast = (
+            self._forecaster.predicted_remaining(event.trajectory_id) if self._forecaster else None
+        )
         return Decision(
             instance_id=placed.instance_id,
             priority=priority,
             reason=placed.reason,
             migrate=placed.migrate,
+            predicted_remaining=-1 if forecast is None else max(0, round(forecast)),
         )
 
     def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:

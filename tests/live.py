@@ -9,9 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from temporalio.client import Client
 
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
@@ -95,3 +98,13 @@ def kill_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> No
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
     proc.wait(30)
+
+
+async def count_workflows(client: Client, query: str, expected: int, timeout_s: float = 20) -> int:
+    """Visibility is eventually consistent: poll until the count settles on `expected`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = (await client.count_workflows(query)).count
+        if n == expected or time.monotonic() > deadline:
+            return n
+        await asyncio.sleep(0.3)

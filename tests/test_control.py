@@ -22,7 +22,13 @@ from scheduler.plan import (
     mark_draining,
     swap_instances,
 )
-from tests.live import kill_process, live_client, scheduled_activities, worker_process
+from tests.live import (
+    count_workflows,
+    kill_process,
+    live_client,
+    scheduled_activities,
+    worker_process,
+)
 
 TWO_FROM_TWO = PlanChange(["i2", "i3"], [InstancePlan("w0", 2, 2)], "test: merge for the tail")
 
@@ -251,6 +257,10 @@ def test_planned_batches_take_turns_with_the_cluster(
             ]
             reports = [await asyncio.wait_for(b.report(), 180) for b in batches]
             assert [r.completed for r in reports] == [6, 6]
+            # Heddle's decisions carry its forecast; an ended trajectory has none left.
+            for b in batches:
+                query = f'HeddleBatch="{b.batch_id}" AND HeddlePredictedRemaining = 0'
+                assert await count_workflows(client.temporal, query, 6) == 6
             # Whichever claimed the cluster first ran first; the other started after it.
             first, second = sorted(reports, key=lambda r: r.finished_at)
             rows = await client.list_trajectories(second.batch_id)

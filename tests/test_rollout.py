@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import pytest
-from temporalio.client import Client
 
 from heddle import search_attributes as sa
 from heddle.trace import TraceRecord
@@ -14,17 +13,7 @@ from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.placement import LeastLoaded
 from scheduler.registry import PLANS_SPLIT, policy_names
-from tests.live import live_client, scheduled_activities
-
-
-async def count_workflows(client: Client, query: str, expected: int, timeout_s: float = 20) -> int:
-    """Visibility is eventually consistent: poll until the count settles on `expected`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        n = (await client.count_workflows(query)).count
-        if n == expected or time.monotonic() > deadline:
-            return n
-        await asyncio.sleep(0.3)
+from tests.live import count_workflows, live_client, scheduled_activities
 
 
 def test_batch_of_64_completes_with_every_trajectory_recorded(
@@ -77,6 +66,7 @@ def test_batch_of_64_completes_with_every_trajectory_recorded(
             assert attrs.get(sa.GENERATED) == spec0.generated_tokens
             assert attrs.get(sa.INSTANCE) == one["steps"][-1]["instance_id"]
             assert attrs.get(sa.STATUS) == "completed"
+            assert attrs.get(sa.PREDICTED_REMAINING) is None  # least_loaded forecasts nothing
             # A later turn of the same trajectory on the same instance finds its prefix cached.
             for prev, step in zip(one["steps"], one["steps"][1:], strict=False):
                 if step["instance_id"] == prev["instance_id"]:

@@ -130,6 +130,7 @@ class TrajectoryWorkflow:
         self._tool_in_step = False
         self._throttles_upserts = False
         self._upserted_at: float | None = None  # workflow time of the last step upsert
+        self._predicted = -1  # the last decision's forecast of remaining tokens
         self._ends_at_once = False
         self._upserts_each_second = False
         self._last_call = ""  # an agent trajectory's last tool call, for the UI
@@ -186,6 +187,7 @@ class TrajectoryWorkflow:
                         )
                     moved_on = decision.instance_id != self._instance
                     self._turn, self._instance = index + 1, decision.instance_id
+                    self._predicted = decision.predicted_remaining
                     self._upsert_step(moved_on)
                     # A replayed tool the step activity waits out (none if the budget cuts the
                     # step short: no tool follows).
@@ -316,6 +318,8 @@ class TrajectoryWorkflow:
             sa.STATUS.value_set(status),
             sa.GENERATED.value_set(self._generated),
         ]
+        if self._predicted >= 0:  # nothing remains of an ended trajectory
+            final.append(sa.PREDICTED_REMAINING.value_set(0))
         if self._throttles_upserts:  # a throttled step's turn and instance, shown at last
             final += [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(self._instance)]
         workflow.upsert_search_attributes(final)
@@ -347,6 +351,7 @@ class TrajectoryWorkflow:
             moved_on = decision.instance_id != self._instance
             move_from = self._instance if moves else ""
             self._turn, self._instance = index + 1, decision.instance_id
+            self._predicted = decision.predicted_remaining
             self._upsert_step(moved_on)
             agent = AgentTurn(
                 batch_id=inp.batch_id,
@@ -391,7 +396,8 @@ class TrajectoryWorkflow:
             observations = [c.observation_ref for c in calls]
             self._last_call = f"{last.name or 'invalid'} ({last.status})"
             workflow.set_current_details(
-                f"task {spec.task_id}: turn {self._turn}, {self._last_tool()}"
+                f"task {spec.task_id}: turn {self._turn} on {self._instance}, "
+                f"{self._generated} tokens, {self._last_tool()}{self._forecast_note()}"
             )
         return "turn_limit", view
 
@@ -488,9 +494,16 @@ class TrajectoryWorkflow:
         )
         return verdict
 
+    def _forecast_note(self) -> str:
+        return f", predicted remaining {self._predicted}" if self._predicted >= 0 else ""
+
     def _upsert_step(self, moved_on: bool) -> None:
         """The step's search attributes, for the UI's turn and instance filters (at most
         every `UPSERT_EVERY_S`: `UPSERT_EACH_S_PATCH`, `UPSERT_PATCH`)."""
+        workflow.set_current_details(
+            f"turn {self._turn} on {self._instance}, {self._generated} tokens"
+            + self._forecast_note()
+        )  # not a command: shown on the workflow's page at every step, unthrottled
         now = workflow.now().timestamp()
         if self._upserts_each_second:
             assert self._upserted_at is not None
@@ -504,13 +517,14 @@ class TrajectoryWorkflow:
         ):
             return
         self._upserted_at = now
-        workflow.upsert_search_attributes(
-            [
-                sa.TURN.value_set(self._turn),
-                sa.INSTANCE.value_set(self._instance),
-                sa.GENERATED.value_set(self._generated),
-            ]
-        )
+        step: list[SearchAttributeUpdate[Any]] = [
+            sa.TURN.value_set(self._turn),
+            sa.INSTANCE.value_set(self._instance),
+            sa.GENERATED.value_set(self._generated),
+        ]
+        if self._predicted >= 0:
+            step.append(sa.PREDICTED_REMAINING.value_set(self._predicted))
+        workflow.upsert_search_attributes(step)
 
     async def _move_during_tool(self, opts: RolloutOptions, request: DecideRequest) -> None:
         """Re-predict while the tool runs; when the new rank calls for another instance,

@@ -32,6 +32,9 @@ class LongestPredictedFirst:
     def priority(self, event: TrajectoryView, now: float) -> int:
         return -int(self.forecast.remaining.get(event.trajectory_id, 0.0))
 
+    def predicted_remaining(self, trajectory_id: str) -> float | None:
+        return self.forecast.remaining.get(trajectory_id)
+
 
 @dataclass
 class HeddlePlacement(NoHooks):
