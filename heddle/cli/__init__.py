@@ -17,7 +17,12 @@ client's users share.
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
+# Typer carries its own copy of click (since 0.20); its usage errors are these classes.
+from typer._click import exceptions as click_errors
 
 from heddle.cli import (
     bench,
@@ -49,5 +54,20 @@ app.add_typer(models.app, name="model")
 app.add_typer(campaign.app, name="campaign")
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. A usage mistake (an unknown option, a missing argument, a bad
+    value) is one `error:` line and exit status 2, as the commands' own errors are."""
+    try:
+        code = app(args=argv, prog_name="heddle", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:  # bare `heddle` or a bare group
+        print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
+        sys.exit(2)
+    except click_errors.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "heddle"
+        message = " ".join(exc.format_message().split())
+        print(f"error: {where}: {message} (see '{where} --help')", file=sys.stderr)
+        sys.exit(2)
+    except click_errors.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from heddle.config import ClusterConfig, EngineConfig, load_cluster
 from heddle.errors import InputError
@@ -48,7 +49,8 @@ CPU_CLUSTER = ClusterConfig(
 
 def fail(message: str) -> typer.Exit:
     """A user's mistake: one `error:` line and exit status 2 (raise what this returns)."""
-    err.print(f"[bold red]error:[/] {message}")
+    # Unwrapped, and the message not read as markup: one line whatever the terminal.
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
