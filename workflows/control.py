@@ -34,6 +34,7 @@ class ClusterControlWorkflow:
     def __init__(self, inp: ControlInput) -> None:
         # Set before any handler runs: an update or query may come in the first task.
         self._plan = inp.plan
+        self._show()
         self._prefix = inp.queue_prefix
         self._lock = asyncio.Lock()
         self._changes = 0
@@ -52,6 +53,19 @@ class ClusterControlWorkflow:
         )
         workflow.continue_as_new(ControlInput(self._plan, inp.queue_prefix, inp.changes_per_run))
 
+    def _show(self) -> None:
+        """The plan on the workflow's page in the UI (current details: not a command, so
+        histories replay unchanged)."""
+        p = self._plan
+        head = f"plan v{p.version} on {p.num_gpus} GPUs, held by {p.owner or 'no batch'}"
+        if p.scheduler_address:
+            head += f", scheduler at {p.scheduler_address}"
+        rows = [
+            f"- {i.instance_id}: TP {i.tp}, GPUs {i.first_gpu}-{i.first_gpu + i.tp - 1}, {i.state}"
+            for i in p.instances
+        ]
+        workflow.set_current_details("\n".join([head, *rows]))
+
     @workflow.query
     def plan(self) -> ClusterPlan:
         return self._plan
@@ -61,6 +75,7 @@ class ClusterControlWorkflow:
         async with self._lock:
             plans.check_change(self._plan, change)  # the plan may have moved since validation
             self._plan = plans.mark_draining(self._plan, change.retire)
+            self._show()
             await workflow.execute_activity(
                 names.WAIT_DRAINED,
                 change.retire,
@@ -69,6 +84,7 @@ class ClusterControlWorkflow:
                 heartbeat_timeout=WAIT_HEARTBEAT,
             )
             self._plan = plans.swap_instances(self._plan, change)
+            self._show()
             created = [c.instance_id for c in change.create]
             await workflow.execute_activity(
                 names.WAIT_STARTED,
@@ -78,6 +94,7 @@ class ClusterControlWorkflow:
                 heartbeat_timeout=WAIT_HEARTBEAT,
             )
             self._plan = plans.mark_active(self._plan, created)
+            self._show()
             self._changes += 1
             workflow.logger.info("cluster reshaped: %s (%s)", change, change.reason)
             return self._plan
@@ -89,6 +106,7 @@ class ClusterControlWorkflow:
         the split of a holder that is no longer running."""
         if not self._plan.owner:
             self._plan = dataclasses.replace(self._plan, owner=batch_id)
+            self._show()
         return self._plan.owner
 
     @workflow.update
@@ -96,11 +114,13 @@ class ClusterControlWorkflow:
         """The engine host's scheduler service listens at `address` (HOST:PORT): every
         worker's decide goes there. A restarted host announces its new address."""
         self._plan = dataclasses.replace(self._plan, scheduler_address=address)
+        self._show()
 
     @workflow.update
     def release(self, batch_id: str) -> None:
         if self._plan.owner == batch_id:
             self._plan = dataclasses.replace(self._plan, owner="")
+            self._show()
 
     @reshape.validator
     def check(self, change: PlanChange) -> None:

@@ -323,9 +323,13 @@ class TrajectoryWorkflow:
         if self._throttles_upserts:  # a throttled step's turn and instance, shown at last
             final += [sa.TURN.value_set(self._turn), sa.INSTANCE.value_set(self._instance)]
         workflow.upsert_search_attributes(final)
-        details = f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
+        details = (
+            f"{status} ({finish_reason}) after {self._turn} turns, {self._generated} tokens"
+            f" on {self._instance or 'no instance'}"
+        )
         if spec.task_id:
-            details = f"task {spec.task_id}: {details}, {self._last_tool()}, reward {reward:g}"
+            details = f"task {spec.task_id}: {details}, {self._last_tool()}"
+        details += f", reward {summary.reward:g}"
         workflow.set_current_details(details)
         return summary
 
