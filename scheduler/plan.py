@@ -64,10 +64,10 @@ def check_change(plan: ClusterPlan, change: PlanChange) -> None:
 
 
 def _with(plan: ClusterPlan, instances: list[InstancePlan]) -> ClusterPlan:
+    """The plan with `instances`, everything else kept (the owner, the scheduler's
+    address: a reshape that dropped it left every other worker's decides failing)."""
     instances = sorted(instances, key=lambda i: i.first_gpu)
-    return ClusterPlan(
-        plan.num_gpus, list(plan.tp_choices), instances, plan.version + 1, plan.owner
-    )
+    return replace(plan, instances=instances, version=plan.version + 1)
 
 
 def mark_draining(plan: ClusterPlan, ids: Sequence[str]) -> ClusterPlan:

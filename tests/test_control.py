@@ -4,6 +4,7 @@ loses and duplicates nothing, and a plan that outlives the worker."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -48,6 +49,7 @@ def test_a_change_must_start_instances_on_exactly_the_gpus_it_frees() -> None:
     for message, change in bad.items():
         with pytest.raises(ValueError, match=message):
             check_change(plan, change)
+    plan = dataclasses.replace(plan, owner="batch-a", scheduler_address="10.0.0.1:7000")
     draining = mark_draining(plan, TWO_FROM_TWO.retire)
     assert active_instances(draining) == {"i0": 1, "i1": 1}
     with pytest.raises(ValueError, match="one reshape at a time"):
@@ -57,6 +59,10 @@ def test_a_change_must_start_instances_on_exactly_the_gpus_it_frees() -> None:
     after = mark_active(swapped, ["w0"])
     assert after.version == 3
     assert active_instances(after) == {"i0": 1, "i1": 1, "w0": 2}
+    # A reshape keeps who holds the split and where the scheduler listens: a plan that
+    # lost the address left every worker but the engine host unable to decide.
+    for p in (draining, swapped, after):
+        assert (p.owner, p.scheduler_address) == ("batch-a", "10.0.0.1:7000")
 
 
 def _records(n: int, tool_s: float = 0.4) -> list[TraceRecord]:
