@@ -5,6 +5,7 @@ reshape to its split, and a trajectory's KV moved between instances."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from temporalio import activity
@@ -14,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities.heartbeat import heartbeating
 from engines.pool import EnginePool
 from heddle import activity_names as names
+from heddle import metrics
 from heddle.campaign import SyncRequest
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
@@ -147,6 +149,7 @@ class ControlActivities:
         change = PlanChange(
             [i.instance_id for i in plan.instances], instances, "the batch's planned split"
         )
+        began = time.monotonic()
         async with heartbeating():
             await handle.execute_update(ClusterControlWorkflow.reshape, change)
             # Return once this process's scheduler offers them: the batch's first decides
@@ -154,6 +157,8 @@ class ControlActivities:
             wanted = {i.instance_id for i in instances}
             while not wanted <= set(self.host.service.tps):  # noqa: ASYNC110 (polls the host)
                 await asyncio.sleep(POLL_S)
+        metrics.RESHAPES.labels("batch_split", "done").inc()
+        metrics.RESHAPE_SECONDS.labels("batch_split").observe(time.monotonic() - began)
 
     @activity.defn(name=names.MIGRATE_KV)
     async def migrate_kv(self, request: MigrateRequest) -> int:

@@ -26,6 +26,7 @@ from engines.request import EngineRequest, Sampling
 from engines.simulated import EngineResult
 from engines.vllm import EngineDead
 from heddle import activity_names as names
+from heddle import metrics
 from heddle.types import GenerateRequest, GenerateResult, StepReport
 from scheduler.service import SchedulerService
 
@@ -50,10 +51,19 @@ class EngineActivities:
 
     @activity.defn(name=names.GENERATE)
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Generate one step. A retried attempt resumes from the tokens its predecessor
+        """Generate one step (or agent turn), counted for the metrics on the instance
+        where it ended."""
+        with metrics.LLM_STEP_SECONDS.time():
+            if request.agent is not None:
+                result = await self._agent_turn(request)
+            else:
+                result = await self._generate(request)
+        metrics.LLM_STEPS.labels(result.instance_id).inc()
+        return result
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        """A replayed step. A retried attempt resumes from the tokens its predecessor
         heartbeated: those are already part of the context."""
-        if request.agent is not None:
-            return await self._agent_turn(request)
         info = activity.info()
         resumed = int(info.heartbeat_details[0]) if info.heartbeat_details else 0
         resumed = min(resumed, request.max_new_tokens)
@@ -73,7 +83,7 @@ class EngineActivities:
                 finished_at=started,
                 attempt=info.attempt,
                 resumed_tokens=resumed,
-                wait_left_s=await self._tool_wait(request.then_wait_s, resumed),
+                wait_left_s=await self._tool_wait(request, resumed),
             )
         lean = request.decided is not None and self.pool is not None
         engine, first, base = self.engine, None, resumed
@@ -113,7 +123,7 @@ class EngineActivities:
             moved_to=moved_to,
             next_instance=next_instance,
             # The KV move the re-prediction began runs during this wait.
-            wait_left_s=await self._tool_wait(request.then_wait_s, made) if done else 0.0,
+            wait_left_s=await self._tool_wait(request, made) if done else 0.0,
         )
 
     async def _agent_turn(self, request: GenerateRequest) -> GenerateResult:
@@ -197,11 +207,17 @@ class EngineActivities:
             turn=outcome,
         )
 
-    async def _tool_wait(self, seconds: float, made: int) -> float:
+    async def _tool_wait(self, request: GenerateRequest, made: int) -> float:
         """Wait out the replayed tool that follows the step, heartbeating (a lost worker
-        is noticed within the heartbeat timeout). Cut short when this worker stops (its
-        instance retired): returns what is left, which the workflow waits instead, so no
-        retry is left on the queue of an instance that is gone."""
+        is noticed within the heartbeat timeout), counted as that tool's call. Cut short
+        when this worker stops (its instance retired): returns what is left, which the
+        workflow waits instead, so no retry is left on the queue of an instance that is
+        gone."""
+        seconds = request.then_wait_s
+        if request.then_tool:
+            metrics.TOOL_SECONDS.labels(request.then_tool).observe(max(0.0, seconds))
+            if request.then_tool_status != "ok":
+                metrics.TOOL_ERRORS.labels(request.then_tool, request.then_tool_status).inc()
         if seconds <= 0:
             return 0.0
         deadline = time.monotonic() + seconds
@@ -244,7 +260,7 @@ class EngineActivities:
         if self.pool is not None:
             await self.pool.settled(trajectory_id)  # a move still under way
         try:
-            return await engine.generate(request, on_progress)
+            result = await engine.generate(request, on_progress)
         except RequestTooLarge as exc:
             # No retry can make it fit; the trajectory fails, the batch goes on.
             raise ApplicationError(str(exc), type="RequestTooLarge", non_retryable=True) from exc
@@ -255,6 +271,8 @@ class EngineActivities:
             raise ApplicationError(
                 str(exc), made + exc.made, type=names.ENGINE_DEAD, non_retryable=True
             ) from exc
+        metrics.GENERATED_TOKENS.labels(engine.instance_id).inc(result.output_tokens)
+        return result
 
     async def _move(self, trajectory_id: str, source: str, target: str) -> None:
         assert self.pool is not None
@@ -290,5 +308,6 @@ class EngineActivities:
             return ""
         if move is None or move.instance_id == instance_id:
             return ""
+        metrics.MIGRATIONS.labels("tool_call").inc()
         self.pool.move_prefix_soon(request.trajectory_id, instance_id, move.instance_id)
         return move.instance_id

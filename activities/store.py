@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.scheduler import Scheduler
 from heddle import activity_names as names
+from heddle import metrics
 from heddle.store import TrajectoryStore
 from heddle.types import (
     BatchReport,
@@ -82,6 +83,7 @@ class StoreActivities:
     @activity.defn(name=names.FINISH_TRAJECTORY)
     async def finish_trajectory(self, summary: TrajectorySummary) -> None:
         await asyncio.to_thread(self.store.write, [summary])
+        metrics.TRAJECTORIES.labels(summary.status, summary.finish_reason).inc()
 
     @activity.defn(name=names.END_TRAJECTORY)
     async def end_trajectory(self, end: TrajectoryEnd) -> float:
@@ -98,6 +100,7 @@ class StoreActivities:
             return summary.reward
 
         reward = await asyncio.to_thread(write)
+        metrics.TRAJECTORIES.labels(end.summary.status, end.summary.finish_reason).inc()
         if self.scheduler is not None:
             await self.scheduler.finished(end.done)
         return reward

@@ -13,6 +13,7 @@ from activities.store import replay_reward
 from activities.toolkit.base import ToolRegistry, count_tokens
 from activities.verify import verify
 from heddle import activity_names as names
+from heddle import metrics
 from heddle.store import TrajectoryStore
 from heddle.textfeatures import hashed_ngrams
 from heddle.types import RewardRequest, ToolRequest, ToolResult, Verdict, VerifyRequest
@@ -32,8 +33,17 @@ class ToolActivities:
 
     @activity.defn(name=names.RUN_TOOL)
     async def run_tool(self, request: ToolRequest) -> ToolResult:
-        async with heartbeating():
-            return await self._run_tool(request)
+        tool = request.tool or "unknown"
+        try:
+            with metrics.TOOL_SECONDS.labels(tool).time():
+                async with heartbeating():
+                    result = await self._run_tool(request)
+        except Exception:
+            metrics.TOOL_ERRORS.labels(tool, "crash").inc()
+            raise
+        if result.status != "ok":
+            metrics.TOOL_ERRORS.labels(tool, result.status).inc()
+        return result
 
     async def _run_tool(self, request: ToolRequest) -> ToolResult:
         if request.mode == "replay":

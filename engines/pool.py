@@ -29,6 +29,7 @@ from engines.vllm import (
     VllmSettings,
     read_vocab_size,
 )
+from heddle import metrics
 from heddle.hardware import MODELS, ClusterShape
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,13 @@ class EnginePool:
         cache."""
         if source not in self.engines or target not in self.engines:
             return 0
+        began = time.monotonic()
+        tokens = await self._move_prefix(trajectory_id, source, target)
+        metrics.KV_MOVE_SECONDS.observe(time.monotonic() - began)
+        metrics.KV_MOVED_TOKENS.inc(tokens)
+        return tokens
+
+    async def _move_prefix(self, trajectory_id: str, source: str, target: str) -> int:
         if self.vllm is not None:
             assert self.sessions is not None
             tokens = len(self.sessions.ids.get(trajectory_id, ()))

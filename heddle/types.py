@@ -316,6 +316,8 @@ class GenerateRequest:
     # stack's clock, once the step is done and its books kept, so the workflow wakes
     # once a step rather than again to start a timer.
     then_wait_s: float = 0.0
+    then_tool: str = ""  # that tool's name and replayed status (for the tool metrics)
+    then_tool_status: str = "ok"
     # An agent turn: the model samples; the engine host renders its context.
     agent: AgentTurn | None = None
 

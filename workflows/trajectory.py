@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutOptions,
         StepRecord,
         StepReport,
+        StepSpec,
         StepText,
         ToolCallRecord,
         ToolRequest,
@@ -200,7 +201,7 @@ class TrajectoryWorkflow:
                     then_wait_s = step.tool_latency_s * opts.time_scale if held else 0.0
                     generated = await self._generate(
                         inp, index, new_tokens, decision, request, move_from,
-                        step.tool is not None, then_wait_s,
+                        step.tool is not None, then_wait_s, step if held else None,
                     )  # fmt: skip
                     self._generated += generated.output_tokens
                     record = _step_record(inp, index, generated, view.context_tokens)
@@ -563,6 +564,7 @@ class TrajectoryWorkflow:
         move_from: str = "",
         before_tool: bool = False,
         then_wait_s: float = 0.0,
+        then_tool: StepSpec | None = None,
     ) -> GenerateResult:
         """One LLM step on the decided instance (`request`: what it was decided on). If
         the scheduler stops it mid-decode to move it (a long decode outgrew its instance),
@@ -585,6 +587,8 @@ class TrajectoryWorkflow:
                         max_new_tokens=new_tokens - made,
                         priority=decision.priority,
                         then_wait_s=then_wait_s,
+                        then_tool=(then_tool.tool or "") if then_tool else "",
+                        then_tool_status=then_tool.tool_status if then_tool else "ok",
                         **self._books(request, made, decision, move_from, before_tool),
                     ),
                     task_queue=engine_queue(instance, opts.queue_prefix),

@@ -54,6 +54,16 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def check_address(address: str, option: str) -> str:
+    """A HOST:PORT option ("" for none), or a clean error naming the option."""
+    if not address:
+        return address
+    _, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise fail(f"{option} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return address
+
+
 def load_or_fail(load: Callable[[Path], T], path: Path) -> T:
     """A user's file through its loader (a trace, a task set); a bad one is the loader's
     error, naming file, line and field, as one `error:` line."""

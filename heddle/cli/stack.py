@@ -23,6 +23,7 @@ from heddle.cli.common import (
     ModelOpt,
     StateDir,
     StoreOpt,
+    check_address,
     cluster_config,
     console,
     fail,
@@ -244,6 +245,19 @@ def worker(
         bool, typer.Option(help="Host the simulated engines (one worker of a stack does).")
     ] = True,
     state_dir: StateDir = Path(".heddle"),
+    metrics: Annotated[
+        str, typer.Option(help="HOST:PORT to serve Heddle's Prometheus metrics at (/metrics).")
+    ] = "",
+    sdk_metrics: Annotated[
+        str, typer.Option(help="HOST:PORT to serve the Temporal SDK's Prometheus metrics at.")
+    ] = "",
+    traces: Annotated[
+        str,
+        typer.Option(
+            help="Export OpenTelemetry traces: 'otlp' (OTEL_EXPORTER_OTLP_* settings) or a "
+            "file for JSON lines; needs the otel extra."
+        ),
+    ] = "",
 ) -> None:
     """Run one worker process: workflows, activities, tools and simulated engines."""
     from heddle.runtime.worker import WorkerOptions, run_worker
@@ -266,5 +280,13 @@ def worker(
         engine_policy=engine_policy,
         host_engines=engines,
         host_trainer=engines,  # one trainer a stack: the engine host's process
+        metrics_address=check_address(metrics, "--metrics"),
+        sdk_metrics_address=check_address(sdk_metrics, "--sdk-metrics"),
+        traces=traces,
     )
+    if traces:
+        try:
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError:
+            raise fail("--traces needs the OpenTelemetry SDK: pip install 'heddle[otel]'") from None
     asyncio.run(run_worker(opts))

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio.client import Client, WorkflowHandle
@@ -23,6 +24,7 @@ from activities.agent import AgentTurns
 from activities.control import RECONCILE_EVERY_S
 from activities.engine import EngineActivities
 from engines.pool import EnginePool
+from heddle import metrics
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
 from heddle.types import ClusterPlan, ControlInput, InstancePlan, PlanChange
 from scheduler.interface import REVIEW_EVERY_S
@@ -75,9 +77,20 @@ async def ensure_control_workflow(
     return handle
 
 
-def _log_failure(task: asyncio.Task[ClusterPlan]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("a reshape during rollout was refused: %s", task.exception())
+def _reshaped(began: float) -> Callable[[asyncio.Task[ClusterPlan]], None]:
+    """What ends a reshape asked for during rollout: its outcome counted (and a refusal
+    logged), its time from the ask to its new instances up measured."""
+
+    def done(task: asyncio.Task[ClusterPlan]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            metrics.RESHAPES.labels("rollout", "refused").inc()
+            if not task.cancelled():
+                log.warning("a reshape during rollout was refused: %s", task.exception())
+            return
+        metrics.RESHAPES.labels("rollout", "done").inc()
+        metrics.RESHAPE_SECONDS.labels("rollout").observe(time.monotonic() - began)
+
+    return done
 
 
 class EngineHost:
@@ -155,8 +168,10 @@ class EngineHost:
                 log.exception("mid-step review failed")
                 continue
             for tid, source, target in moves:
-                if source in self.pool.engines:
-                    self.pool[source].stop_to_move(running[tid][1], target)
+                if source in self.pool.engines and self.pool[source].stop_to_move(
+                    running[tid][1], target
+                ):
+                    metrics.MIGRATIONS.labels("mid_step").inc()
 
     async def follow(self, handle: WorkflowHandle[ClusterControlWorkflow, None]) -> None:
         """Reconcile with the plan until cancelled; a failed query is retried. The
@@ -192,7 +207,7 @@ class EngineHost:
             task = asyncio.create_task(
                 handle.execute_update(ClusterControlWorkflow.reshape, change)
             )
-            task.add_done_callback(_log_failure)
+            task.add_done_callback(_reshaped(time.monotonic()))
             self._reshaping.add(task)
             task.add_done_callback(self._reshaping.discard)
 

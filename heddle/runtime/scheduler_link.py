@@ -23,6 +23,7 @@ from typing import Any
 
 from temporalio.converter import AdvancedJSONEncoder, value_to_type
 
+from heddle import metrics
 from heddle.types import DecideRequest, Decision, StepReport, TrajectoryDone
 from scheduler.service import BatchNotPlanned, SchedulerService
 
@@ -34,7 +35,9 @@ CALL_TIMEOUT_S = 10.0
 
 class LocalScheduler:
     """The service of this process, with the engine host's replanning: a restarted
-    service that lost a planned batch plans it again from the store on its first call."""
+    service that lost a planned batch plans it again from the store on its first call.
+    It also keeps the metrics of what the service decides: decide latency, migrations,
+    and each running trajectory's latest forecast (`forecasts`)."""
 
     def __init__(
         self,
@@ -43,6 +46,8 @@ class LocalScheduler:
     ) -> None:
         self.service = service
         self.replan = replan
+        # trajectory -> (predicted remaining tokens, instance), while it runs.
+        self.forecasts: dict[str, tuple[int, str]] = {}
 
     async def _ensure_planned(self, request: DecideRequest) -> None:
         if request.planned and not self.service.is_planned(request.policy, request.batch_id):
@@ -52,17 +57,30 @@ class LocalScheduler:
 
     async def decide(self, request: DecideRequest) -> Decision:
         await self._ensure_planned(request)
-        return self.service.decide(request, time.time())
+        began = time.perf_counter()
+        decision = self.service.decide(request, time.time())
+        metrics.DECIDE_SECONDS.labels(request.policy).observe(time.perf_counter() - began)
+        if decision.migrate:
+            metrics.MIGRATIONS.labels("step_start").inc()
+        if decision.predicted_remaining >= 0:
+            self.forecasts[request.trajectory_id] = (
+                decision.predicted_remaining, decision.instance_id
+            )
+        return decision
 
     async def anticipate(self, request: DecideRequest) -> Decision | None:
         await self._ensure_planned(request)
-        return self.service.anticipate(request, time.time())
+        move = self.service.anticipate(request, time.time())
+        if move is not None:
+            metrics.MIGRATIONS.labels("tool_call").inc()
+        return move
 
     async def report(self, report: StepReport) -> None:
         self.service.report(report)
 
     async def finished(self, done: TrajectoryDone) -> None:
         self.service.finished(done)
+        self.forecasts.pop(done.trajectory_id, None)
 
 
 # The calls a remote worker makes: the argument's type and the result's.

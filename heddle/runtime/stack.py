@@ -137,9 +137,15 @@ class EmbeddedStack:
     store_url: str = ""
     num_workers: int = 1
     persist: bool = True
+    # Each worker serves Heddle's and the SDK's Prometheus metrics on free ports, and the
+    # server its own; `prometheus-targets.json` in the state directory lists them all.
+    metrics: bool = True
     server: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _engine_host: subprocess.Popen[bytes] | None = None
+    _server_metrics: str = ""
+    _worker_metrics: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid ->
+    _host_pid: int = 0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -174,6 +180,10 @@ class EmbeddedStack:
             *search_attributes.dev_server_flags(),
         ]  # fmt: skip
         argv += ["--headless"] if self.headless else ["--ui-port", str(self.ui_port)]
+        if self.metrics:
+            server_metrics = free_port()
+            argv += ["--metrics-port", str(server_metrics)]
+            self._server_metrics = f"127.0.0.1:{server_metrics}"
         self.server = _popen(argv, self.state_dir / "temporal.log")
         try:
             client = await wait_for_server(self.address)
@@ -185,9 +195,12 @@ class EmbeddedStack:
             raise
         return client
 
-    def worker_argv(self, host_engines: bool = True) -> list[str]:
-        """One worker of the stack hosts the engines; the others run workflows and tools."""
-        return [
+    def worker_argv(
+        self, host_engines: bool = True, metrics: tuple[str, str] | None = None
+    ) -> list[str]:
+        """One worker of the stack hosts the engines; the others run workflows and tools.
+        `metrics`: where it serves Heddle's metrics and the SDK's."""
+        argv = [
             sys.executable, "-m", "heddle.cli", "worker",
             "--address", self.address,
             "--store", self.store_url,
@@ -196,10 +209,35 @@ class EmbeddedStack:
             "--queue-prefix", self.queue_prefix,
             "--engines" if host_engines else "--no-engines",
         ]  # fmt: skip
+        if metrics is not None:
+            argv += ["--metrics", metrics[0], "--sdk-metrics", metrics[1]]
+        return argv
+
+    @property
+    def metrics_targets(self) -> dict[str, list[str]]:
+        """job -> the HOST:PORT addresses Prometheus scrapes for it, for the processes
+        running now; the engine host's Heddle endpoint first."""
+        workers = sorted(self._worker_metrics.items(), key=lambda kv: kv[0] != self._host_pid)
+        return {
+            **({"temporal-server": [self._server_metrics]} if self._server_metrics else {}),
+            **({"heddle": [m[0] for _, m in workers]} if workers else {}),
+            **({"temporal-sdk": [m[1] for _, m in workers]} if workers else {}),
+        }
+
+    def _write_targets(self) -> None:
+        """The endpoints in Prometheus' file discovery format (`docker/prometheus.yml`)."""
+        groups = [{"targets": t, "labels": {"job": job}} for job, t in self.metrics_targets.items()]
+        (self.state_dir / "prometheus-targets.json").write_text(json.dumps(groups, indent=2))
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         host_engines = self._engine_host is None or self._engine_host.poll() is not None
-        proc = _popen(self.worker_argv(host_engines), self.state_dir / "worker.log")
+        metrics = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}") if self.metrics else None
+        proc = _popen(self.worker_argv(host_engines, metrics), self.state_dir / "worker.log")
+        if metrics is not None:
+            self._worker_metrics[proc.pid] = metrics
+            if host_engines:
+                self._host_pid = proc.pid
+            self._write_targets()
         if host_engines:
             self._engine_host = proc
         self.workers.append(proc)
@@ -211,11 +249,14 @@ class EmbeddedStack:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        if self._worker_metrics.pop(proc.pid, None) is not None:
+            self._write_targets()
 
     def stop(self) -> None:
         for proc in self.workers:
             _stop(proc)
         self.workers.clear()
+        self._worker_metrics.clear()
         _stop(self.server)
         self.server = None
 
@@ -239,6 +280,7 @@ def write_stack_file(state_dir: Path, stack: EmbeddedStack) -> None:
         "time_scale": stack.time_scale,
         "store_url": stack.store_url,
         "engine": stack.cluster.engine.kind,
+        "metrics": stack.metrics_targets,
     }
     (Path(state_dir) / STACK_FILE).write_text(json.dumps(info, indent=2))
 

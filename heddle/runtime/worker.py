@@ -26,12 +26,14 @@ from activities.tools import ToolActivities
 from activities.train import TrainerActivities
 from engines.pool import EnginePool, EngineShape
 from engines.vllm import VllmSettings, engine_nice, lower_session
+from heddle import metrics
 from heddle.config import ClusterConfig
 from heddle.queues import control_queue, tools_queue, trainer_queue, trajectories_queue
 from heddle.runtime.engine_host import EngineHost, ensure_control_workflow
 from heddle.runtime.payloads import DATA_CONVERTER
 from heddle.runtime.scheduler_link import LocalScheduler, RemoteScheduler, SchedulerServer
 from heddle.runtime.stack import ensure_search_attributes
+from heddle.runtime.tracing import flush_traces, tracing_interceptor
 from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
 from scheduler.plan import initial_plan
@@ -67,6 +69,11 @@ class WorkerOptions:
     # (port 0: any free one); the host announces it in the cluster plan.
     scheduler_host: str = "127.0.0.1"
     scheduler_port: int = 0
+    # HOST:PORT where this process serves Heddle's Prometheus metrics, and the Temporal
+    # SDK's ("" for none); where its OpenTelemetry traces go ("otlp", a file, or "").
+    metrics_address: str = ""
+    sdk_metrics_address: str = ""
+    traces: str = ""
 
 
 def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
@@ -119,8 +126,15 @@ def connect_ray(cluster: ClusterConfig) -> None:
 
 async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM when it is None)."""
+    if opts.metrics_address:
+        metrics.serve(opts.metrics_address)
+    interceptors = [tracing_interceptor(opts.traces)] if opts.traces else []
     client = await Client.connect(
-        opts.address, namespace=opts.namespace, data_converter=DATA_CONVERTER
+        opts.address,
+        namespace=opts.namespace,
+        data_converter=DATA_CONVERTER,
+        interceptors=interceptors,
+        runtime=metrics.sdk_runtime(opts.sdk_metrics_address) if opts.sdk_metrics_address else None,
     )
     try:
         await ensure_search_attributes(client, opts.namespace)
@@ -150,6 +164,9 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     # The cluster's one scheduler is the engine host's: in this process, or reached at
     # the address the host announced in the plan.
     local = LocalScheduler(service, Replanner(store, service))
+    if pool is not None and opts.metrics_address:
+        metrics.watch_engines(lambda: pool.engines, lambda: pool.tps)
+        metrics.watch_forecasts(lambda: local.forecasts)
     server: SchedulerServer | None = None
     scheduler: Scheduler = local
     if pool is None:
@@ -283,3 +300,5 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
     finally:
         waiter.cancel()
         store.close()
+        if opts.traces:
+            flush_traces()
