@@ -10,7 +10,8 @@ stale between scrapes. A retried activity counts again: these are events, and th
 is the record.
 
 Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms, base
-units); `docker/grafana/heddle.json` charts them.
+units). An engine instance is the `engine` label: `instance` is the scrape target's, which
+Prometheus sets itself. `docker/grafana/heddle.json` charts them.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 _SLOW = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 LLM_STEPS = Counter(
-    "heddle_llm_steps", "LLM steps (or agent turns) the engines ended, by instance", ["instance"]
+    "heddle_llm_steps", "LLM steps (or agent turns) the engines ended, by instance", ["engine"]
 )
 GENERATED_TOKENS = Counter(
-    "heddle_generated_tokens", "Tokens the engines generated, by instance", ["instance"]
+    "heddle_generated_tokens", "Tokens the engines generated, by instance", ["engine"]
 )
 LLM_STEP_SECONDS = Histogram(
     "heddle_llm_step_seconds", "Wall time of an LLM step activity, queue wait included",
@@ -108,18 +109,18 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         queued = GaugeMetricFamily(
             "heddle_engine_queued_steps", "Steps waiting in an instance's engine",
-            labels=["instance"],
+            labels=["engine"],
         )  # fmt: skip
         running = GaugeMetricFamily(
-            "heddle_engine_running_steps", "Steps decoding on an instance", labels=["instance"]
+            "heddle_engine_running_steps", "Steps decoding on an instance", labels=["engine"]
         )
         kv = GaugeMetricFamily(
             "heddle_engine_kv_usage_ratio", "Share of an instance's KV cache in use",
-            labels=["instance"],
+            labels=["engine"],
         )  # fmt: skip
         tp = GaugeMetricFamily(
             "heddle_engine_tp", "Tensor-parallel degree of each hosted instance",
-            labels=["instance"],
+            labels=["engine"],
         )  # fmt: skip
         tps = self.tps()
         for iid, engine in sorted(self.engines().items()):
@@ -145,7 +146,7 @@ class _ForecastCollector(Collector):
             "heddle_predicted_remaining_tokens",
             "The longest forecasts of trajectories' remaining tokens (rank 1 the longest), "
             "with the instance each last ran on",
-            labels=["rank", "trajectory", "instance"],
+            labels=["rank", "trajectory", "engine"],
         )
         longest = heapq.nlargest(FORECAST_RANKS, items, key=lambda kv: kv[1][0])
         for rank, (tid, (tokens, instance)) in enumerate(longest, 1):

@@ -72,14 +72,15 @@ def worker_process(
     time_scale: float,
     cluster: ClusterConfig = SMALL_CLUSTER,
     engines: bool = True,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """A worker in its own process, as `heddle worker` runs it (hosting the engines, or
-    not: one process of a stack does)."""
+    not: one process of a stack does); `extra`: more of its options."""
     argv = [
         sys.executable, "-m", "heddle.cli", "worker", "--address", address, "--store", store_url,
         "--cluster-json", json.dumps(cluster.model_dump(mode="json")),
         "--time-scale", str(time_scale), "--queue-prefix", prefix,
-        "--engines" if engines else "--no-engines",
+        "--engines" if engines else "--no-engines", *extra,
     ]  # fmt: skip
     with open(log, "ab") as fh:
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

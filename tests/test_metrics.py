@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import time
 import urllib.request
 from collections import Counter
@@ -19,7 +20,7 @@ from heddle.client import HeddleClient
 from heddle.runtime.stack import EmbeddedStack, free_port
 from heddle.trace import load_trace
 from heddle.types import RolloutOptions
-from tests.live import SMALL_CLUSTER
+from tests.live import SMALL_CLUSTER, kill_process, worker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +108,7 @@ def test_metrics_during_a_batch_match_its_report(tmp_path: Path) -> None:
                     assert ranks == list(range(1, len(ranks) + 1))
                     values = [v for _, v in sorted(forecasts, key=lambda f: int(f[0]["rank"]))]
                     assert values == sorted(values, reverse=True)
-                    assert all(labels["instance"] for labels, _ in forecasts)
+                    assert all(labels["engine"] for labels, _ in forecasts)
                 await asyncio.sleep(0.2)
             assert seen_steps, "the batch ended before a scrape saw a step"
             assert seen_forecast, "no scrape showed a forecast"
@@ -139,9 +140,10 @@ def test_metrics_during_a_batch_match_its_report(tmp_path: Path) -> None:
         assert total([other], "heddle_decide_seconds_count") == 0
         # The split the batch planned, applied as one reshape, and its instances' gauges.
         assert total([host], "heddle_reshapes_total", kind="batch_split", outcome="done") == 1
-        instances = {labels["instance"]: v for labels, v in host["heddle_engine_tp"]}
+        instances = {labels["engine"]: v for labels, v in host["heddle_engine_tp"]}
         assert instances == {i.instance_id: i.tp for i in plan.instances}
-        assert {labels["instance"] for labels, _ in host["heddle_engine_queued_steps"]} == set(instances)
+        queues = {labels["engine"] for labels, _ in host["heddle_engine_queued_steps"]}
+        assert queues == set(instances)
         assert total([host], "heddle_engine_running_steps") == 0
         assert total([host], "heddle_forecast_trajectories") == 0  # all ended
         moves = {labels["when"] for labels, _ in host["heddle_migrations_total"]}
@@ -163,3 +165,38 @@ def test_metrics_during_a_batch_match_its_report(tmp_path: Path) -> None:
         asyncio.run(run())
     finally:
         stack.stop()
+
+
+def test_a_worker_with_traces_exports_its_workflows_and_activities_spans(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    spans_file = tmp_path / "spans.jsonl"
+    records = load_trace(ROOT / "examples" / "demo-coding-64.jsonl")[:6]
+
+    async def run() -> None:
+        worker = worker_process(
+            temporal_address, store_url, queue_prefix, tmp_path / "worker.log",
+            time_scale=0.02, extra=("--traces", str(spans_file)),
+        )  # fmt: skip
+        try:
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                handle = await client.start_rollout(records=records)
+                report = await asyncio.wait_for(handle.report(), 120)
+                assert report.completed == len(records)
+        finally:
+            kill_process(worker, signal.SIGTERM)  # a clean stop flushes the spans
+
+    asyncio.run(run())
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    names = Counter(span["name"] for span in spans)
+    assert names["RunWorkflow:TrajectoryWorkflow"] == len(records), names
+    assert names["RunActivity:generate"] >= sum(len(r.spec.steps) for r in records), names
+    # One trace a trajectory: its activities' spans hang under its workflow's.
+    by_id = {span["context"]["span_id"]: span for span in spans}
+    generate = next(s for s in spans if s["name"] == "RunActivity:generate")
+    parent = by_id.get(generate["parent_id"])
+    assert parent is not None
+    assert parent["context"]["trace_id"] == generate["context"]["trace_id"]

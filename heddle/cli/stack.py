@@ -174,6 +174,7 @@ def dev(
         console.print(f"Temporal at [bold]{stack.address}[/]  (namespace default)")
         if stack.ui_url:
             console.print(f"Web UI at   [bold]{stack.ui_url}[/]")
+        _print_metrics(stack.metrics_targets, state_dir)
         console.print(
             f"{len(cfg.instance_ids())} simulated {cfg.model} TP{cfg.default_tp} instances on "
             f"{cfg.gpu}; store {stack.store_url}; logs in {state_dir}/. Ctrl-C stops everything."
@@ -191,6 +192,15 @@ def dev(
         stack.stop()
         remove_stack_file(state_dir)
         console.print("stack stopped")
+
+
+def _print_metrics(targets: dict[str, list[str]], state_dir: Path) -> None:
+    heddle = targets.get("heddle") or []
+    if heddle:
+        console.print(
+            f"Metrics at  [bold]http://{heddle[0]}/metrics[/] (engine host); every endpoint "
+            f"in {state_dir}/prometheus-targets.json (docker/prometheus-dev.yml scrapes it)"
+        )
 
 
 def _detach(argv: list[str], state_dir: Path) -> None:
@@ -218,6 +228,7 @@ def _detach(argv: list[str], state_dir: Path) -> None:
     console.print(f"Temporal at [bold]{info['address']}[/]  (namespace default)")
     if info.get("ui_url"):
         console.print(f"Web UI at   [bold]{info['ui_url']}[/]")
+    _print_metrics(info.get("metrics") or {}, state_dir)
     console.print(f"running in the background (pid {proc.pid}, log {log}); `heddle stop` ends it")
 
 

@@ -64,7 +64,8 @@ class LocalScheduler:
             metrics.MIGRATIONS.labels("step_start").inc()
         if decision.predicted_remaining >= 0:
             self.forecasts[request.trajectory_id] = (
-                decision.predicted_remaining, decision.instance_id
+                decision.predicted_remaining,
+                decision.instance_id,
             )
         return decision
 
