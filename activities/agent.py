@@ -11,11 +11,11 @@ written in one transaction before the workflow hears of the turn.
 
 from __future__ import annotations
 
-import asyncio
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from activities.store import in_store
 from engines.chat import ChatRenderer
 from heddle.store import TrajectoryStore
 from heddle.store.db import trajectory_key
@@ -81,13 +81,13 @@ class AgentTurns:
         task = await self._task(agent.batch_id, agent.task_id)
         ctx = self._contexts.get(_key(agent, request))
         if ctx is None or ctx.turns != request.step_index:
-            ctx = await asyncio.to_thread(self._rebuild, agent, request)
+            ctx = await in_store(self._rebuild, agent, request)
         schemas = tool_schemas(task.tools)
         if request.step_index == 0:
             messages = [{"role": m.role, "content": m.content} for m in task.messages]
             appended = self.renderer.prompt_ids(messages, schemas)
         else:
-            texts = await asyncio.to_thread(self.store.get_texts, agent.observation_refs)
+            texts = await in_store(self.store.get_texts, agent.observation_refs)
             results = [
                 {"role": "tool", "content": texts.get(ref, LOST_OBSERVATION)}
                 for ref in agent.observation_refs
@@ -160,7 +160,7 @@ class AgentTurns:
             finish_reason=finish_reason,
             text=text,
         )
-        await asyncio.to_thread(self.store.write, [record], texts)
+        await in_store(self.store.write, [record], texts)
         ids = array("i", turn.prompt)
         ids.extend(output_ids)
         self._remember(_key(agent, request), _Context(step + 1, ids, finish_reason == "stop"))
@@ -177,7 +177,7 @@ class AgentTurns:
     async def _task(self, batch_id: str, task_id: str) -> Task:
         task = self._tasks.get((batch_id, task_id))
         if task is None:
-            task = await asyncio.to_thread(self.store.get_task, batch_id, task_id)
+            task = await in_store(self.store.get_task, batch_id, task_id)
             self._tasks[(batch_id, task_id)] = task
             while len(self._tasks) > MAX_CONTEXTS:
                 self._tasks.popitem(last=False)

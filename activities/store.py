@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -31,6 +33,34 @@ from heddle.types import (
     TrajectoryStarted,
     TrajectorySummary,
 )
+
+T = TypeVar("T")
+
+
+# A store call from an activity that is not the store's own (a tool's observation, an
+# agent turn) rides out a store outage this long: retrying the whole activity would run
+# the tool or the model again, and use up the attempts its own failures are meant for.
+STORE_OUTAGE_S = 120.0
+_RETRY_S = (0.2, 5.0)  # first wait, longest wait
+
+
+async def in_store(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` in a thread, again while the store is unreachable (a connection
+    refused or cut), up to `STORE_OUTAGE_S`; other errors are raised at once."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    deadline = time.monotonic() + STORE_OUTAGE_S
+    wait = _RETRY_S[0]
+    while True:
+        try:
+            return await asyncio.to_thread(call, *args)
+        except (OperationalError, DBAPIError) as exc:
+            transient = isinstance(exc, OperationalError) or exc.connection_invalidated
+            if not transient or time.monotonic() + wait > deadline:
+                raise
+            activity.logger.warning("the store is unreachable (%s); retrying", exc.orig)
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, _RETRY_S[1])
 
 
 def replay_reward(recorded: float | None, request: RewardRequest) -> float:

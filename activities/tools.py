@@ -9,7 +9,7 @@ from temporalio import activity
 
 from activities.agent import observation_ref
 from activities.heartbeat import heartbeating
-from activities.store import replay_reward
+from activities.store import in_store, replay_reward
 from activities.toolkit.base import ToolRegistry, count_tokens
 from activities.verify import verify
 from heddle import activity_names as names
@@ -57,13 +57,13 @@ class ToolActivities:
         started = time.monotonic()
         tool_input = None
         if request.tool_input_ref:
-            tool_input = await asyncio.to_thread(self.store.get_text, request.tool_input_ref)
+            tool_input = await in_store(self.store.get_text, request.tool_input_ref)
         observation = await self.registry.call(request.tool, tool_input)
         elapsed = time.monotonic() - started
         ref = observation_ref(
             request.batch_id, request.trajectory_id, request.step_index, request.call_index
         )
-        await asyncio.to_thread(self.store.put_text, ref, observation.text)
+        await in_store(self.store.put_text, ref, observation.text)
         return ToolResult(
             status=observation.status,
             output_tokens=count_tokens(observation.text),
@@ -77,7 +77,7 @@ class ToolActivities:
     async def reward(self, request: RewardRequest) -> float:
         """The trace's reward where it has one; else 1 for a trajectory that reached a
         final answer after a successful last tool call, 0 otherwise."""
-        recorded = await asyncio.to_thread(
+        recorded = await in_store(
             self.store.trace_reward, request.batch_id, request.trajectory_id
         )
         return replay_reward(recorded, request)
@@ -86,8 +86,8 @@ class ToolActivities:
     async def verify(self, request: VerifyRequest) -> Verdict:
         """An agent trajectory's reward: its task's verifier on its final turn. A
         verifier that crashes or times out is a verdict with an error, never a failure."""
-        task = await asyncio.to_thread(self.store.get_task, request.batch_id, request.task_id)
-        turns = await asyncio.to_thread(
+        task = await in_store(self.store.get_task, request.batch_id, request.task_id)
+        turns = await in_store(
             self.store.load_turns, request.batch_id, request.trajectory_id
         )
         stored = turns.get(request.trajectory_id, [])

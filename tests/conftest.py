@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from heddle.runtime.stack import (
     temporal_binary,
     wait_for_server,
 )
+from tests.live import PostgresServer, pg_bindir
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,48 +82,15 @@ def _isolated_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
-def _pg_bindir() -> Path | None:
-    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (candidate / "initdb").exists():
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A throw-away PostgreSQL server on loopback (Debian's postgresql package)."""
-    bindir = _pg_bindir()
-    if bindir is None:
+    if pg_bindir() is None:
         if os.environ.get("HEDDLE_REQUIRE_POSTGRES"):
             pytest.fail("PostgreSQL is required (HEDDLE_REQUIRE_POSTGRES) but not installed")
         pytest.skip("PostgreSQL server binaries are not installed")
-    # Not under pytest's tmp (0700, root's): the server user must reach its directory.
-    root = Path(tempfile.mkdtemp(prefix="heddle-pg-"))
-    data = root / "data"
-    port = free_port()
-    # initdb refuses to run as root: run the server as the postgres user where we are root.
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if prefix:
-        subprocess.run(["chown", "-R", "postgres", str(root)], check=True)
-        root.chmod(0o777)
-    subprocess.run(
-        [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "heddle", "--auth=trust"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    subprocess.run(
-        [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w",
-         "-o", f"-p {port} -k {root} -h 127.0.0.1", "start"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    server = PostgresServer()
     try:
-        subprocess.run(
-            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "heddle", "store"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        yield f"postgresql+psycopg://heddle@127.0.0.1:{port}/store"
+        yield server.url
     finally:
-        subprocess.run(
-            [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True,
-        )  # fmt: skip
-        shutil.rmtree(root, ignore_errors=True)
+        server.close()

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from temporalio.client import Client
 
 from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
+from heddle.runtime.stack import free_port
 from heddle.runtime.worker import WorkerOptions, run_worker
 
 SMALL_CLUSTER = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, default_tp=1)
@@ -109,3 +112,65 @@ async def count_workflows(client: Client, query: str, expected: int, timeout_s: 
         if n == expected or time.monotonic() > deadline:
             return n
         await asyncio.sleep(0.3)
+
+
+def pg_bindir() -> Path | None:
+    """Debian's PostgreSQL server binaries, the newest installed."""
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").exists():
+            return candidate
+    return None
+
+
+class PostgresServer:
+    """A throw-away PostgreSQL server on loopback with a `store` database, which a test
+    may stop and start again (its data directory stays)."""
+
+    def __init__(self) -> None:
+        bindir = pg_bindir()
+        if bindir is None:
+            raise RuntimeError("PostgreSQL server binaries are not installed (Debian postgresql)")
+        self.bindir = bindir
+        # Not under pytest's tmp (0700, root's): the server user must reach its directory.
+        self.root = Path(tempfile.mkdtemp(prefix="heddle-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        # initdb refuses to run as root: run the server as the postgres user where we are.
+        self.prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.prefix:
+            subprocess.run(["chown", "-R", "postgres", str(self.root)], check=True)
+            self.root.chmod(0o777)
+        subprocess.run(
+            [*self.prefix, str(bindir / "initdb"), "-D", str(self.data), "-U", "heddle",
+             "--auth=trust"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.start()
+        subprocess.run(
+            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "heddle",
+             "store"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://heddle@127.0.0.1:{self.port}/store"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self.prefix, str(self.bindir / "pg_ctl"), "-D", str(self.data), *args],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self._ctl("-l", str(self.root / "log"), "-w", "-o",
+                  f"-p {self.port} -k {self.root} -h 127.0.0.1", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` closes every connection; `immediate` is a crash."""
+        self._ctl("-m", mode, "-w", "stop")
+
+    def close(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -194,6 +194,23 @@ def dev(
         console.print("stack stopped")
 
 
+def _custom_tools(specs: list[str]) -> dict[str, str]:
+    """`--tool NAME=module:function` options, each checked to import."""
+    from activities.toolkit import custom_tool
+
+    tools = {}
+    for spec in specs:
+        name, sep, import_path = spec.partition("=")
+        if not sep or not name:
+            raise fail(f"--tool {spec!r}: expected NAME=module:function")
+        try:
+            custom_tool(import_path)
+        except (ValueError, ImportError, AttributeError) as exc:
+            raise fail(f"--tool {spec!r}: {exc}") from None
+        tools[name] = import_path
+    return tools
+
+
 def _print_metrics(targets: dict[str, list[str]], state_dir: Path) -> None:
     heddle = targets.get("heddle") or []
     if heddle:
@@ -269,6 +286,10 @@ def worker(
             "file for JSON lines; needs the otel extra."
         ),
     ] = "",
+    tool: Annotated[
+        list[str] | None,
+        typer.Option(help="Your own tool, NAME=module:function (repeatable)."),
+    ] = None,
 ) -> None:
     """Run one worker process: workflows, activities, tools and simulated engines."""
     from heddle.runtime.worker import WorkerOptions, run_worker
@@ -294,6 +315,7 @@ def worker(
         metrics_address=check_address(metrics, "--metrics"),
         sdk_metrics_address=check_address(sdk_metrics, "--sdk-metrics"),
         traces=traces,
+        tools=_custom_tools(tool or []),
     )
     if traces:
         try:

@@ -140,12 +140,14 @@ class EmbeddedStack:
     # Each worker serves Heddle's and the SDK's Prometheus metrics on free ports, and the
     # server its own; `prometheus-targets.json` in the state directory lists them all.
     metrics: bool = True
+    worker_args: tuple[str, ...] = ()  # more `heddle worker` options, e.g. --tool
     server: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _engine_host: subprocess.Popen[bytes] | None = None
     _server_metrics: str = ""
     _worker_metrics: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid ->
     _host_pid: int = 0
+    _server_argv: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -184,6 +186,7 @@ class EmbeddedStack:
             server_metrics = free_port()
             argv += ["--metrics-port", str(server_metrics)]
             self._server_metrics = f"127.0.0.1:{server_metrics}"
+        self._server_argv = argv
         self.server = _popen(argv, self.state_dir / "temporal.log")
         try:
             client = await wait_for_server(self.address)
@@ -211,7 +214,7 @@ class EmbeddedStack:
         ]  # fmt: skip
         if metrics is not None:
             argv += ["--metrics", metrics[0], "--sdk-metrics", metrics[1]]
-        return argv
+        return [*argv, *self.worker_args]
 
     @property
     def metrics_targets(self) -> dict[str, list[str]]:
@@ -242,6 +245,18 @@ class EmbeddedStack:
             self._engine_host = proc
         self.workers.append(proc)
         return proc
+
+    def kill_server(self) -> None:
+        """SIGKILL the Temporal server: its state stays in the file (`persist`)."""
+        assert self.server is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.server.pid, signal.SIGKILL)
+        self.server.wait()
+
+    async def restart_server(self) -> Client:
+        """Start the server again, on its port and state file; the workers reconnect."""
+        self.server = _popen(self._server_argv, self.state_dir / "temporal.log")
+        return await wait_for_server(self.address)
 
     def kill_worker(self, index: int = 0) -> None:
         """SIGKILL a worker process: what a crash looks like to Temporal."""

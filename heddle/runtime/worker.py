@@ -74,6 +74,8 @@ class WorkerOptions:
     metrics_address: str = ""
     sdk_metrics_address: str = ""
     traces: str = ""
+    # The operator's own tools, name -> "module:function", beside the built-in ones.
+    tools: dict[str, str] = field(default_factory=dict)
 
 
 def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
@@ -178,7 +180,9 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         scheduler=scheduler,
     )
     sched_acts = SchedulerActivities(scheduler=scheduler)
-    tool_acts = ToolActivities(registry=default_registry(), store=store, time_scale=opts.time_scale)
+    tool_acts = ToolActivities(
+        registry=default_registry(custom=opts.tools), store=store, time_scale=opts.time_scale
+    )
     campaign_acts = CampaignActivities(store=store)
     workers = [
         Worker(
