@@ -77,9 +77,7 @@ class ToolActivities:
     async def reward(self, request: RewardRequest) -> float:
         """The trace's reward where it has one; else 1 for a trajectory that reached a
         final answer after a successful last tool call, 0 otherwise."""
-        recorded = await in_store(
-            self.store.trace_reward, request.batch_id, request.trajectory_id
-        )
+        recorded = await in_store(self.store.trace_reward, request.batch_id, request.trajectory_id)
         return replay_reward(recorded, request)
 
     @activity.defn(name=names.VERIFY)
@@ -87,9 +85,7 @@ class ToolActivities:
         """An agent trajectory's reward: its task's verifier on its final turn. A
         verifier that crashes or times out is a verdict with an error, never a failure."""
         task = await in_store(self.store.get_task, request.batch_id, request.task_id)
-        turns = await in_store(
-            self.store.load_turns, request.batch_id, request.trajectory_id
-        )
+        turns = await in_store(self.store.load_turns, request.batch_id, request.trajectory_id)
         stored = turns.get(request.trajectory_id, [])
         if request.finish_reason != "answer" or not stored:
             return Verdict(0.0, f"no final answer ({request.finish_reason})")
