@@ -37,6 +37,20 @@ def heddle(
     )
 
 
+def test_bad_worker_options_are_one_error_line(tmp_path: Path) -> None:
+    for args, message in [
+        (["--tool", "nonsense"], "expected NAME=module:function"),
+        (["--tool", "x=no.such.module:f"], "No module named 'no'"),
+        (["--metrics", "localhost"], "--metrics 'localhost': expected HOST:PORT"),
+    ]:
+        result = heddle("worker", "--state-dir", str(tmp_path), *args, timeout=60)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error:")
+        assert message in lines[0]
+
+
 def test_malformed_trace_is_refused_before_anything_starts(tmp_path: Path) -> None:
     good = traj("a", [{"output_tokens": 3}])
     bad = traj("b", [{"output_tokens": 3, "tool": "python"}, {"output_tokens": 1}])

@@ -8,7 +8,9 @@ import os
 import socket
 import threading
 
-from activities.toolkit import default_registry
+import pytest
+
+from activities.toolkit import ToolUnavailable, custom_tool, default_registry
 from activities.toolkit.base import Observation, count_tokens
 from activities.toolkit.isolation import launcher
 from activities.toolkit.python_exec import NOBODY, PythonSandbox
@@ -99,6 +101,18 @@ def test_registry_turns_bad_calls_into_error_observations() -> None:
     crashed = run(registry.call("crashy", "x"))
     assert crashed.status == "error"
     assert "tool exploded" in crashed.text
+
+
+def test_custom_tools_answer_and_an_unavailable_one_raises_to_be_retried() -> None:
+    registry = default_registry(
+        custom={"echo": "tests.crashing_tool:echo", "down": "tests.crashing_tool:down"}
+    )
+    assert run(registry.call("echo", "hi")) == Observation("ok", "HI")
+    # Its service is down: not the model's to read, so the call fails and is retried.
+    with pytest.raises(ToolUnavailable, match="down"):
+        run(registry.call("down", "x"))
+    with pytest.raises(ValueError, match="module:function"):
+        custom_tool("no_function_here")
 
 
 def test_calculator() -> None:
