@@ -176,10 +176,17 @@ def _host_port(address: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+class MetricsAddressError(OSError):
+    """The metrics address cannot be served (taken, or not this machine's)."""
+
+
 def serve(address: str) -> None:
     """Serve this process's metrics over HTTP at HOST:PORT (`/metrics`)."""
     host, port = _host_port(address)
-    start_http_server(port, addr=host)
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise MetricsAddressError(f"cannot serve metrics at {address}: {exc.strerror}") from exc
     log.info("metrics at http://%s:%d/metrics", host, port)
 
 

@@ -76,11 +76,14 @@ def worker_process(
     cluster: ClusterConfig = SMALL_CLUSTER,
     engines: bool = True,
     extra: tuple[str, ...] = (),
+    run_with: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """A worker in its own process, as `heddle worker` runs it (hosting the engines, or
-    not: one process of a stack does); `extra`: more of its options."""
+    not: one process of a stack does); `extra`: more of its options; `run_with`: what
+    runs it (`ip netns exec NS` for another network namespace)."""
     argv = [
-        sys.executable, "-m", "heddle.cli", "worker", "--address", address, "--store", store_url,
+        *run_with, sys.executable, "-m", "heddle.cli", "worker",
+        "--address", address, "--store", store_url,
         "--cluster-json", json.dumps(cluster.model_dump(mode="json")),
         "--time-scale", str(time_scale), "--queue-prefix", prefix,
         "--engines" if engines else "--no-engines", *extra,
@@ -126,7 +129,10 @@ class PostgresServer:
     """A throw-away PostgreSQL server on loopback with a `store` database, which a test
     may stop and start again (its data directory stays)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", netns: str = "") -> None:
+        """`netns`: a network namespace to run the server in, listening on `host`."""
+        self.host = host
+        self.netns = ["ip", "netns", "exec", netns] if netns else []
         bindir = pg_bindir()
         if bindir is None:
             raise RuntimeError("PostgreSQL server binaries are not installed (Debian postgresql)")
@@ -137,6 +143,7 @@ class PostgresServer:
         self.port = free_port()
         # initdb refuses to run as root: run the server as the postgres user where we are.
         self.prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.prefix = [*self.netns, *self.prefix]
         if self.prefix:
             subprocess.run(["chown", "-R", "postgres", str(self.root)], check=True)
             self.root.chmod(0o777)
@@ -147,14 +154,14 @@ class PostgresServer:
         )  # fmt: skip
         self.start()
         subprocess.run(
-            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "heddle",
-             "store"],
+            [*self.netns, str(bindir / "createdb"), "-h", host, "-p", str(self.port), "-U",
+             "heddle", "store"],
             check=True, capture_output=True,
         )  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://heddle@127.0.0.1:{self.port}/store"
+        return f"postgresql+psycopg://heddle@{self.host}:{self.port}/store"
 
     def _ctl(self, *args: str) -> None:
         subprocess.run(
@@ -164,7 +171,7 @@ class PostgresServer:
 
     def start(self) -> None:
         self._ctl("-l", str(self.root / "log"), "-w", "-o",
-                  f"-p {self.port} -k {self.root} -h 127.0.0.1", "start")  # fmt: skip
+                  f"-p {self.port} -k {self.root} -h {self.host}", "start")  # fmt: skip
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: `fast` closes every connection; `immediate` is a crash."""

@@ -42,6 +42,7 @@ def test_bad_worker_options_are_one_error_line(tmp_path: Path) -> None:
         (["--tool", "nonsense"], "expected NAME=module:function"),
         (["--tool", "x=no.such.module:f"], "No module named 'no'"),
         (["--metrics", "localhost"], "--metrics 'localhost': expected HOST:PORT"),
+        (["--metrics", "10.255.255.1:9464"], "cannot serve metrics at 10.255.255.1:9464"),
     ]:
         result = heddle("worker", "--state-dir", str(tmp_path), *args, timeout=60)
         assert result.returncode == 2, result.stderr

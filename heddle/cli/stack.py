@@ -290,6 +290,14 @@ def worker(
         list[str] | None,
         typer.Option(help="Your own tool, NAME=module:function (repeatable)."),
     ] = None,
+    scheduler_host: Annotated[
+        str,
+        typer.Option(
+            help="Where the engine host's scheduler listens for other workers' decides: "
+            "an address of this machine they reach (it is announced in the cluster plan)."
+        ),
+    ] = "127.0.0.1",
+    scheduler_port: Annotated[int, typer.Option(help="Its port (0: any free one).")] = 0,
 ) -> None:
     """Run one worker process: workflows, activities, tools and simulated engines."""
     from heddle.runtime.worker import WorkerOptions, run_worker
@@ -316,10 +324,17 @@ def worker(
         sdk_metrics_address=check_address(sdk_metrics, "--sdk-metrics"),
         traces=traces,
         tools=_custom_tools(tool or []),
+        scheduler_host=scheduler_host,
+        scheduler_port=scheduler_port,
     )
     if traces:
         try:
             import opentelemetry.sdk  # noqa: F401
         except ImportError:
             raise fail("--traces needs the OpenTelemetry SDK: pip install 'heddle[otel]'") from None
-    asyncio.run(run_worker(opts))
+    from heddle.metrics import MetricsAddressError
+
+    try:
+        asyncio.run(run_worker(opts))
+    except MetricsAddressError as exc:
+        raise fail(str(exc)) from None
