@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scripts import dashboard
 
@@ -41,3 +44,19 @@ def test_every_dashboard_query_returns_data_from_a_scraped_batch(tmp_path: Path)
     shown = asyncio.run(dashboard.scraped_batch(tmp_path, check))
     empty = sorted(t for t, ok in shown.items() if not ok)
     assert empty == sorted(NOTHING_TO_SHOW), empty
+
+
+def test_the_scrape_configs_are_valid_and_the_compose_file_mounts_what_exists() -> None:
+    docker = dashboard.REPO / "docker"
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool comes with Debian's prometheus"
+    for config in ("prometheus.yml", "prometheus-dev.yml"):
+        result = subprocess.run([promtool, "check", "config", str(docker / config)],
+                                capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+    compose = yaml.safe_load((docker / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (docker / source).exists(), f"{name} mounts {source}, which is missing"
