@@ -64,9 +64,11 @@ def test_a_batch_across_hosts_survives_a_worker_cut_off_mid_batch(
     records = generate("coding", prompts=4, samples=16, seed=41)
     address = f"{server_ip}:{TEMPORAL_PORT}"
     store = PostgresServer(host=server_ip, netns=network.netns("srv"))
+    # The dev server binds every address of its machine: its services dial one another
+    # on loopback, which a server bound to the link's address alone refused.
     server = subprocess.Popen(
         [*network.run_in("srv"), temporal_binary(), "server", "start-dev", "--headless",
-         "--ip", server_ip, "--port", str(TEMPORAL_PORT), "--log-level", "error",
+         "--ip", "0.0.0.0", "--port", str(TEMPORAL_PORT), "--log-level", "error",
          "--db-filename", str(tmp_path / "temporal.db"), *search_attributes.dev_server_flags()],
         stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True,
