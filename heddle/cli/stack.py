@@ -327,12 +327,14 @@ def worker(
         scheduler_host=scheduler_host,
         scheduler_port=scheduler_port,
     )
+    from heddle.metrics import MetricsAddressError
+    from heddle.runtime.tracing import TracingUnavailable, require_sdk
+
     if traces:
         try:
-            import opentelemetry.sdk  # noqa: F401
-        except ImportError:
-            raise fail("--traces needs the OpenTelemetry SDK: pip install 'heddle[otel]'") from None
-    from heddle.metrics import MetricsAddressError
+            require_sdk()
+        except TracingUnavailable as exc:
+            raise fail(str(exc)) from None
 
     try:
         asyncio.run(run_worker(opts))

@@ -112,6 +112,13 @@ def _popen(
     )
 
 
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child's process group: what a crash looks like to the others."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -120,9 +127,7 @@ def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc)
 
 
 @dataclass
@@ -146,7 +151,6 @@ class EmbeddedStack:
     _engine_host: subprocess.Popen[bytes] | None = None
     _server_metrics: str = ""
     _worker_metrics: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid ->
-    _host_pid: int = 0
     _server_argv: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -220,7 +224,8 @@ class EmbeddedStack:
     def metrics_targets(self) -> dict[str, list[str]]:
         """job -> the HOST:PORT addresses Prometheus scrapes for it, for the processes
         running now; the engine host's Heddle endpoint first."""
-        workers = sorted(self._worker_metrics.items(), key=lambda kv: kv[0] != self._host_pid)
+        host_pid = self._engine_host.pid if self._engine_host is not None else 0
+        workers = sorted(self._worker_metrics.items(), key=lambda kv: kv[0] != host_pid)
         return {
             **({"temporal-server": [self._server_metrics]} if self._server_metrics else {}),
             **({"heddle": [m[0] for _, m in workers]} if workers else {}),
@@ -236,22 +241,18 @@ class EmbeddedStack:
         host_engines = self._engine_host is None or self._engine_host.poll() is not None
         metrics = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}") if self.metrics else None
         proc = _popen(self.worker_argv(host_engines, metrics), self.state_dir / "worker.log")
-        if metrics is not None:
-            self._worker_metrics[proc.pid] = metrics
-            if host_engines:
-                self._host_pid = proc.pid
-            self._write_targets()
         if host_engines:
             self._engine_host = proc
+        if metrics is not None:
+            self._worker_metrics[proc.pid] = metrics
+            self._write_targets()
         self.workers.append(proc)
         return proc
 
     def kill_server(self) -> None:
         """SIGKILL the Temporal server: its state stays in the file (`persist`)."""
         assert self.server is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.server.pid, signal.SIGKILL)
-        self.server.wait()
+        _kill(self.server)
 
     async def restart_server(self) -> Client:
         """Start the server again, on its port and state file; the workers reconnect."""
@@ -261,9 +262,7 @@ class EmbeddedStack:
     def kill_worker(self, index: int = 0) -> None:
         """SIGKILL a worker process: what a crash looks like to Temporal."""
         proc = self.workers.pop(index)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc)
         if self._worker_metrics.pop(proc.pid, None) is not None:
             self._write_targets()
 

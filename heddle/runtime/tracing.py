@@ -17,20 +17,31 @@ from typing import Any
 OTLP = "otlp"
 
 
+class TracingUnavailable(ImportError):
+    """The OpenTelemetry SDK is not installed (the `otel` extra)."""
+
+
+def require_sdk() -> None:
+    """Raise `TracingUnavailable`, naming the extra, where the OpenTelemetry SDK is
+    missing: checked before a worker starts, so the mistake is one clean error."""
+    try:
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError as exc:
+        raise TracingUnavailable(
+            f"--traces needs the OpenTelemetry SDK: pip install 'heddle[otel]' ({exc})"
+        ) from exc
+
+
 def tracing_interceptor(target: str) -> Any:
     """Set up this process's tracer provider to export to `target` ("otlp" or a file
-    path) and return the interceptor the client takes. Raises ImportError naming the
-    extra when the OpenTelemetry SDK is missing."""
-    try:
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from temporalio.contrib.opentelemetry import TracingInterceptor
-    except ImportError as exc:
-        raise ImportError(
-            f"traces need the OpenTelemetry SDK: pip install 'heddle[otel]' ({exc})"
-        ) from exc
+    path) and return the interceptor the client takes (`require_sdk` first)."""
+    require_sdk()
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
     provider = TracerProvider(resource=Resource.create({"service.name": "heddle-worker"}))
     provider.add_span_processor(BatchSpanProcessor(_exporter(target)))
     trace.set_tracer_provider(provider)
