@@ -127,6 +127,7 @@ COMMANDS = [
     ["bench"],
     ["trace", "gen"],
     ["trace", "stats"],
+    ["trace", "import"],
     ["tasks", "validate"],
     ["campaign", "start"],
     ["cluster", "plan"],
@@ -159,7 +160,14 @@ def test_cli_bad_files_and_values_are_one_error_line(
         (["tasks", "validate", str(bad)], f"{bad}:1"),
         (["bench", "--trace", str(bad), "--cluster", cluster, "--policy", "verl"], f"{bad}:1"),
         (["trace", "gen", "--workload", "nope", "--out", str(tmp_path / "t.jsonl")], "nope"),
-    ]
+        (["trace", "gen", "--family", "nope", "--out", str(tmp_path / "t.jsonl")], "nope"),
+        (["trace", "gen", "--out", str(tmp_path / "t.jsonl")], "--workload and --family"),
+        (["trace", "import", str(bad), "--format", "csv", "--out", str(tmp_path / "t.jsonl")],
+         f"{bad}:1"),
+        (["trace", "import", str(bad), "--format", "llmservingsim",
+          "--out", str(tmp_path / "t.jsonl")], f"{bad}:1"),
+        (["trace", "import", str(bad), "--format", "parquet"], "parquet"),
+    ]  # fmt: skip
     for argv, names in cases:
         assert names in _cli_error(capsys, argv)
     assert not (tmp_path / "t.jsonl").exists()

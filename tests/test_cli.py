@@ -137,6 +137,27 @@ def test_trace_gen_and_validate(tmp_path: Path) -> None:
     assert ok.returncode == 0
     assert "32 trajectories, valid" in ok.stdout
     assert heddle("trace", "gen", "--workload", "poetry", "--out", str(out)).returncode == 2
+    family = tmp_path / "f.jsonl"
+    made = heddle("trace", "gen", "--family", "random", "--seed", "4", "--prompts", "3",
+                  "--iteration", "1", "--out", str(family))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "48 trajectories" in heddle("trace", "validate", str(family)).stdout
+    assert '"workload":"random-4"' in family.read_text()
+
+
+def test_trace_import_then_bench(tmp_path: Path) -> None:
+    csv = tmp_path / "turns.csv"
+    csv.write_text(
+        "trajectory_id,turn,prompt_tokens,output_tokens,tool,tool_latency_s,tool_output_tokens\n"
+        "a,0,100,50,search,1.5,200\na,1,,400,,,\nb,0,80,40,,,\n"
+    )
+    out = tmp_path / "t.jsonl"
+    made = heddle("trace", "import", str(csv), "--format", "csv", "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    assert "2 trajectories, 490 tokens" in made.stdout
+    cluster = str(Path(__file__).parent.parent / "examples/cluster-demo.yaml")
+    ran = heddle("bench", "--trace", str(out), "--cluster", cluster, "--policy", "verl")
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_rollout_on_the_embedded_stack(tmp_path: Path) -> None:

@@ -1,0 +1,71 @@
+"""The random workload family (heddle/families.py): its structure varies with the seed,
+stays inside the model's limits, and its history is of other prompts."""
+
+from __future__ import annotations
+
+import statistics
+
+from heddle.families import (
+    MAX_GENERATED_TOKENS,
+    OBSERVATION_CAP,
+    draw_shape,
+    generate_family,
+)
+from heddle.tracestats import trace_stats
+from scheduler.libra import prompt_key
+
+SEEDS = range(12)
+
+
+def test_the_seed_draws_the_structure() -> None:
+    shapes = [draw_shape(s) for s in SEEDS]
+    assert len({s.turn_mode for s in shapes}) == 3
+    assert len({len(s.tools) for s in shapes}) >= 3
+    medians = [s.output_median for s in shapes]
+    assert max(medians) / min(medians) > 5
+    assert draw_shape(3) == draw_shape(3)
+    assert generate_family("random", prompts=3, seed=3) == generate_family(
+        "random", prompts=3, seed=3
+    )
+
+
+def test_limits_hold_on_every_seed() -> None:
+    for seed in SEEDS:
+        shape = draw_shape(seed)
+        for r in generate_family("random", prompts=20, samples=8, seed=seed):
+            spec = r.spec
+            context = spec.prompt_tokens + sum(
+                s.output_tokens + s.tool_output_tokens for s in spec.steps
+            )
+            assert context <= shape.max_context, (seed, spec.trajectory_id)
+            assert spec.generated_tokens <= MAX_GENERATED_TOKENS
+            assert len(spec.steps) <= shape.max_turns
+            for s in spec.steps[:-1]:
+                tool = next(t for t in shape.tools if t.name == s.tool)
+                assert s.tool_latency_s <= tool.timeout_s
+                assert s.tool_output_tokens <= OBSERVATION_CAP
+                assert (s.tool_status == "timeout") == (s.tool_latency_s == tool.timeout_s)
+
+
+def test_long_tails_and_group_variance_across_seeds() -> None:
+    tails, cvs = [], []
+    for seed in SEEDS:
+        stats = trace_stats([r.spec for r in generate_family("random", prompts=40, seed=seed)])
+        tails.append(stats["generated_tokens"]["max_over_median"])
+        cvs.append(stats["group_cv_mean"])
+    assert statistics.median(tails) >= 4
+    assert statistics.median(cvs) >= 0.4
+    assert max(tails) / min(tails) > 2  # the seeds differ in how long their tails are
+
+
+def test_history_is_of_other_prompts_unless_epoch() -> None:
+    def prompts(iteration: int, epoch: bool) -> set[str]:
+        records = generate_family("random", prompts=50, seed=1, iteration=iteration, epoch=epoch)
+        return {prompt_key(r.spec.group_id) for r in records}
+
+    assert len(prompts(0, False) & prompts(1, False)) <= 2
+    assert prompts(0, True) == prompts(1, True)
+    # A prompt keeps its length when it returns; the policy's drift moves the outputs.
+    a, b = (generate_family("random", prompts=5, seed=1, iteration=it, epoch=True) for it in (0, 1))
+    assert [r.spec.prompt_tokens for r in a] == [r.spec.prompt_tokens for r in b]
+    assert [r.spec.steps for r in a] != [r.spec.steps for r in b]
