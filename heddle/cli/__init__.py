@@ -17,6 +17,8 @@ client's users share.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import typer
@@ -71,3 +73,26 @@ def main(argv: list[str] | None = None) -> None:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def run() -> None:
+    """The `heddle` process: `main`, then an exit that skips the interpreter's teardown.
+    The Temporal client's Rust threads can outlive it, and a short-lived client process
+    then aborts while finalizing ("PyGILState_Release: thread state ... must be
+    current", temporalio/sdk-python#300), turning a finished command into SIGABRT. What
+    teardown would have done that matters is done here first."""
+    try:
+        main()
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)

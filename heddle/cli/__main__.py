@@ -1,5 +1,5 @@
 """`python -m heddle.cli`: what `heddle dev --detach` and the embedded stack start."""
 
-from heddle.cli import main
+from heddle.cli import run
 
-main()
+run()
