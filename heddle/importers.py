@@ -25,14 +25,9 @@ from typing import Any
 from heddle.errors import TraceError
 from heddle.jsonl import json_lines
 from heddle.trace import TraceRecord, parse_line
+from heddle.trace import _int as _int_field  # the trace's own integer check
 
 UNNAMED_TOOL = "tool"
-
-
-def _int_field(value: Any, path: str, line: int, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TraceError(path, line, name, f"must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _session(obj: Any, path: str, line: int) -> dict[str, Any]:
@@ -52,10 +47,10 @@ def _session(obj: Any, path: str, line: int) -> dict[str, Any]:
         for name in ("input_toks", "output_toks"):
             if name not in sub:
                 raise TraceError(path, line, f"{where}.{name}", "is required")
-        inputs.append(_int_field(sub["input_toks"], path, line, f"{where}.input_toks", 1))
-        outputs.append(_int_field(sub["output_toks"], path, line, f"{where}.output_toks", 1))
-        waits.append(_int_field(sub.get("tool_duration_ns", 0), path, line,
-                                f"{where}.tool_duration_ns"))  # fmt: skip
+        for name, into, minimum in (("input_toks", inputs, 1), ("output_toks", outputs, 1),
+                                    ("tool_duration_ns", waits, 0)):  # fmt: skip
+            into.append(_int_field(sub.get(name, 0), path=path, line=line,
+                                   name=f"{where}.{name}", minimum=minimum))  # fmt: skip
     steps: list[dict[str, Any]] = []
     for i, out in enumerate(outputs):
         step: dict[str, Any] = {"output_tokens": out}
