@@ -23,7 +23,7 @@ from heddle.store import TrajectoryStore
 from heddle.tasks import Task, agent_records
 from heddle.trace import TraceRecord
 from heddle.workloads import generate
-from scheduler.registry import policy_without_history
+from scheduler.registry import PLANS_SPLIT, policy_without_history
 from scheduler.start_order import longest_expected_first
 
 # The most trajectories of the batch before that the start order reads.
@@ -97,7 +97,9 @@ class CampaignActivities:
         before = self.store.batch_before(batch_id if opened else None)
         fallback = policy_without_history(options.policy)
         if before is None and fallback != options.policy:
-            options = dataclasses.replace(options, policy=fallback, plans_split=False)
+            options = dataclasses.replace(
+                options, policy=fallback, plans_split=fallback in PLANS_SPLIT
+            )
         batch = IterationBatch(batch_id, len(records), [t.task_id for t in tasks], epoch, options)
         if opened:
             return batch  # opened before a crash or a retry: the same draw

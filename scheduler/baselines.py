@@ -142,5 +142,12 @@ def heddle_no_reshape(ctx: PolicyContext) -> Policy:
     return _heddle(ctx, "heddle-no-reshape", reshape=False)
 
 
+def heddle_cold(ctx: PolicyContext) -> Policy:
+    """A campaign's first iteration (no history): forecasts learned from the batch as it
+    runs (`BatchLengths`). It starts on the default TP, since nothing yet says what a
+    wider split would pay for, and reshapes as the batch drains."""
+    return _heddle(ctx, "heddle-cold", online=True, plan_tp=False)
+
+
 def heddle_oracle(ctx: PolicyContext) -> Policy:
     return _heddle(ctx, "heddle-oracle", oracle=True)

@@ -23,6 +23,7 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
     "heddle-fixed-tp": baselines.heddle_fixed_tp,
     "heddle-no-reshape": baselines.heddle_no_reshape,
     "heddle-oracle": baselines.heddle_oracle,
+    "heddle-cold": baselines.heddle_cold,
 }
 
 
@@ -31,14 +32,17 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
 PLANS_SPLIT = frozenset(name for name in POLICIES if name.startswith("heddle"))
 
 # What a learning policy's batch runs when no earlier batch exists (a campaign's first
-# iteration): Autellix needs no history and is the strongest such peer on coding and
-# math in the paper setting (docs/benchmarks.md).
-FIRST_BATCH_POLICY = "autellix"
+# iteration): Heddle learning from the batch as it runs. No peer stands in: on the
+# robustness benchmark's random draws each falls below verl on some (docs/benchmarks.md).
+FIRST_BATCH_POLICY = "heddle-cold"
+# Heddle's variants that plan without a history: the oracle reads the batch's own
+# lengths, the cold start learns from the batch.
+WITHOUT_HISTORY = frozenset({"heddle-oracle", FIRST_BATCH_POLICY})
 
 
 def learns_from_history(name: str) -> bool:
     """Whether the policy plans from an earlier batch (its predictor and its split)."""
-    return name in PLANS_SPLIT and not name.endswith("-oracle")
+    return name in PLANS_SPLIT and name not in WITHOUT_HISTORY
 
 
 def policy_without_history(name: str) -> str:

@@ -111,7 +111,7 @@ def test_a_learning_policy_campaign_starts_without_history_then_learns(
             state = await asyncio.wait_for(handle.result(), 240)
             assert state.phase == "done"
             policies = {b["batch_id"]: b["policy"] for b in await heddle.list_batches()}
-            assert policies == {"learn-it0000": "autellix", "learn-it0001": "heddle"}
+            assert policies == {"learn-it0000": "heddle-cold", "learn-it0001": "heddle"}
 
     asyncio.run(run())
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 from heddle.types import TrajectoryView
 from scheduler.heddle.bookings import Bookings
-from scheduler.heddle.forecast import Forecast, LearnedLengths, Lengths, TrueLengths
+from scheduler.heddle.forecast import (
+    BatchLengths,
+    Forecast,
+    LearnedLengths,
+    Lengths,
+    TrueLengths,
+)
 from scheduler.heddle.placement import HeddlePlacement, LongestPredictedFirst
 from scheduler.heddle.plan import BatchPlan
 from scheduler.heddle.reshaping import Reshaping
@@ -56,6 +62,8 @@ class HeddleVariant:
     plan_tp: bool = True  # a heterogeneous split planned from the batch (else the default)
     reshape: bool = True  # the split reshaped during rollout
     oracle: bool = False  # the batch's true lengths instead of the predictor's
+    # No history: forecasts learned from the batch as it runs (`BatchLengths`).
+    online: bool = False
     # Pin the DP's first this many groups whatever the memory reads: a measure
     # (benchmarks/forecast_noise.py), not a policy.
     pin_groups: int | None = None
@@ -86,7 +94,10 @@ class HeddlePlanner:
         if lengths is None:
             lengths = _lengths(ctx, variant, name)
         shapes = InstanceShapes(ctx.cluster)
-        forecast = Forecast(lengths, Forecast.growth_of(ctx.history or ctx.truth))
+        # The context's growth per generated token: from the history, or the batch's
+        # truth for the oracle; a policy without either starts from none.
+        grown = ctx.history or (ctx.truth if lengths.exact else ())
+        forecast = Forecast(lengths, Forecast.growth_of(grown))
         bookings = Bookings()
         plan = BatchPlan(
             ctx.cluster,
@@ -148,6 +159,8 @@ class HeddlePlanner:
 def _lengths(ctx: PolicyContext, variant: HeddleVariant, name: str) -> Lengths:
     if variant.oracle:
         return TrueLengths({s.trajectory_id: s for s in ctx.truth})
+    if variant.online:
+        return BatchLengths()
     if not ctx.history:
         raise ValueError(
             f"policy {name!r} learns from an earlier iteration: give it a history "

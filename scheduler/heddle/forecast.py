@@ -119,3 +119,26 @@ class Forecast:
         pairs = sorted(((self.remaining[t], self._context[t]) for _, t in self._active),
                        key=lambda p: -p[0])  # fmt: skip
         return [r for r, _ in pairs], [c for _, c in pairs]
+
+
+@dataclass
+class BatchLengths:
+    """No history (a campaign's first iteration): the forecast learns from the batch as
+    it runs. A trajectory is expected to make as many tokens again as it has made (in a
+    heavy tail, remaining work grows with attained work), or, once a sibling of its
+    group has finished, what the siblings made on average, while it is short of that.
+    Forecasting from the batch's finished trajectories instead (the mean of those that
+    ran past it) ranked worse: those are the short ones (docs/notes/issue-30-robustness.md)."""
+
+    exact: bool = False
+    siblings: dict[str, list[int]] = field(default_factory=dict)
+
+    def predict(self, event: TrajectoryView) -> float:
+        made = event.generated_tokens
+        done = self.siblings.get(event.group_id)
+        if done:
+            return float(max(1.0, sum(done) / len(done) - made, made / 4))
+        return float(max(1, made))
+
+    def finished(self, group_id: str, generated_tokens: int) -> None:
+        self.siblings.setdefault(group_id, []).append(generated_tokens)
