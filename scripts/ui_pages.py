@@ -138,6 +138,30 @@ async def _metadata(
     }
 
 
+async def _running_page(
+    client: HeddleClient,
+    browser: Browser,
+    ui: str,
+    query: str,
+    shot: Path | None,
+) -> dict[str, str]:
+    """The page of the running trajectory predicted to run longest. Visibility lags and a
+    page takes seconds to load on a loaded machine, so the one picked may have finished by
+    the time its page shows; then the next longest is tried, while any are left."""
+    page: dict[str, str] = {}
+    for _ in range(5):
+        running = [wf async for wf in client.temporal.list_workflows(query)]
+        if not running:
+            break
+        longest = max(
+            running, key=lambda wf: (wf.search_attributes.get("HeddlePredictedRemaining") or [0])[0]
+        )
+        page = await _metadata(client, browser, ui, longest.id, shot)
+        if page["details"].startswith("turn "):
+            break
+    return page
+
+
 async def capture(state_dir: Path, shots: Path | None, time_scale: float = 0.2) -> Seen:
     """An embedded stack with the UI; a batch to give the heddle policy its history, then
     a heddle batch looked at while it runs and after it ends."""
@@ -183,10 +207,9 @@ async def capture(state_dir: Path, shots: Path | None, time_scale: float = 0.2) 
             with Browser() as browser:
                 dom = browser.open(list_url(ui, longest), listed, shot("list-longest-running"))
                 seen.listed_by_forecast = set(re.findall(rf"{handle.batch_id}/[\w-]+", dom))
-                async for wf in client.temporal.list_workflows(longest, limit=1):
-                    seen.running = await _metadata(
-                        client, browser, ui, wf.id, shot("trajectory-running")
-                    )
+                seen.running = await _running_page(
+                    client, browser, ui, longest, shot("trajectory-running")
+                )
                 report = await asyncio.wait_for(handle.report(), 600)
                 assert report.completed == len(records), report
                 browser.open(list_url(ui, batch), listed, shot("list-batch"))
