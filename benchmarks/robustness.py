@@ -40,6 +40,8 @@ from scheduler.registry import policy_without_history
 PEERS = ("verl", "verl_star", "sticky_least_loaded", "war", "autellix", "libra", "slime",
          "least_loaded")  # fmt: skip
 HEDDLE = "heddle"
+# The peers whose plan reads a history (libra's placement).
+LEARNING_PEERS = ("libra",)
 BASELINE = "verl"
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
 # The peers' homogeneous TP: the paper's on H100 (32B at TP2); on H200 every model fits
@@ -78,11 +80,15 @@ def run_draw(draw: Draw, prompts: int, samples: int, oracle: bool) -> dict[str, 
     policies = [*PEERS, HEDDLE, *(["heddle-oracle"] if oracle else [])]
     warm = run_bench(trace, cluster, policies, history=history)
     cold_policy = policy_without_history(HEDDLE)
-    cold = warm.results.get(cold_policy)
-    if cold is None:
-        cold = run_bench(trace, cluster, [cold_policy]).results[cold_policy]
+    # Without a history only libra among the peers plans differently (its placement
+    # learns from one); the cold start is held to the best of them as they run then.
+    cold_run = run_bench(trace, cluster, [cold_policy, *LEARNING_PEERS]).results
+    cold = cold_run[cold_policy]
     makespans = {name: r.makespan_s for name, r in warm.results.items()}
     best_peer = min(PEERS, key=lambda p: makespans[p])
+    cold_peers = {p: (cold_run[p] if p in cold_run else warm.results[p]).makespan_s
+                  for p in PEERS}  # fmt: skip
+    best_cold_peer = min(PEERS, key=lambda p: cold_peers[p])
     shape = draw_shape(draw.family_seed)
     return {
         "draw": asdict(draw),
@@ -99,6 +105,8 @@ def run_draw(draw: Draw, prompts: int, samples: int, oracle: bool) -> dict[str, 
         "vs_verl": makespans[BASELINE] / makespans[HEDDLE],
         "vs_bound": makespans[HEDDLE] / warm.lower_bound["lower_bound_s"],
         "cold_vs_verl": makespans[BASELINE] / cold.makespan_s,
+        "cold_best_peer": best_cold_peer,
+        "cold_vs_best": cold_peers[best_cold_peer] / cold.makespan_s,
         "oracle_vs_verl": makespans[BASELINE] / makespans["heddle-oracle"] if oracle else None,
         "sim_wall_s": time.perf_counter() - started,
     }
@@ -135,22 +143,25 @@ def report(cells: list[dict[str, Any]], command: str, wall_s: float) -> list[str
     lines = [
         f"Command: `{command}` ({wall_s:.0f} s). Ratios of throughput on one trace "
         "(makespan of the other over heddle's); `/bound` is heddle's makespan over the "
-        "lower bound; `cold` is a first iteration's batch (no history) over verl.",
+        "lower bound; `cold` is a first iteration's batch (no history) over verl and over "
+        "the best peer run without a history too.",
         "",
         "| draw | family | model | cluster | trajectories | best peer | ÷ best peer "
-        "| ÷ verl | ÷ bound | cold ÷ verl |",
-        "|---:|---|---|---|---:|---|---:|---:|---:|---:|",
+        "| ÷ verl | ÷ bound | cold ÷ verl | cold ÷ best peer |",
+        "|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         d = c["draw"]
         lines.append(
             f"| {d['index']} | random-{d['family_seed']} ({c['turn_mode']}) | {d['model']} "
             f"| {d['cluster']} | {c['trajectories']} | {c['best_peer']} | {c['vs_best']:.2f} "
-            f"| {c['vs_verl']:.2f} | {c['vs_bound']:.2f} | {c['cold_vs_verl']:.2f} |"
+            f"| {c['vs_verl']:.2f} | {c['vs_bound']:.2f} | {c['cold_vs_verl']:.2f} "
+            f"| {c['cold_vs_best']:.2f} ({c['cold_best_peer']}) |"
         )
     lines += ["", "| measure | min | p10 | median | p90 | max |", "|---|---:|---:|---:|---:|---:|"]
     for key, label in (("vs_best", "÷ best peer"), ("vs_verl", "÷ verl"),
                        ("vs_bound", "÷ bound"), ("cold_vs_verl", "cold ÷ verl"),
+                       ("cold_vs_best", "cold ÷ best peer"),
                        ("oracle_vs_verl", "oracle ÷ verl")):  # fmt: skip
         values = [c[key] for c in cells if c[key] is not None]
         if values:
@@ -185,7 +196,8 @@ def main() -> None:
             print(
                 f"draw {c['draw']['index']}: x best {c['vs_best']:.2f} ({c['best_peer']}), "
                 f"x verl {c['vs_verl']:.2f}, /bound {c['vs_bound']:.2f}, "
-                f"cold {c['cold_vs_verl']:.2f} ({c['sim_wall_s']:.0f} s)",
+                f"cold {c['cold_vs_verl']:.2f}, cold x best {c['cold_vs_best']:.2f} "
+                f"({c['sim_wall_s']:.0f} s)",
                 flush=True,
             )
     lines = report(cells, f"python {' '.join(sys.argv)}", time.perf_counter() - started)
