@@ -734,3 +734,27 @@ def test_a_batch_starts_longest_expected_first_by_the_earlier_iteration() -> Non
     # p2: 1000, p9 (unknown): the mean 362.5, p1: 200, p3: 50
     assert longest_expected_first(batch, history) == [3, 2, 1, 4, 0]
     assert longest_expected_first(batch, []) == [0, 1, 2, 3, 4]
+
+
+def test_progress_alone_does_not_lower_a_trajectorys_engine_priority() -> None:
+    """The engines' queues order by the predicted total (longest processing time first):
+    a trajectory that has made half of its 10,000 tokens still outranks one of 9,000
+    that has not started. Keyed on what is left it would not, and the engine would
+    rotate among the long ones until their contexts outgrow the KV cache."""
+    from heddle.types import StepSpec, TrajectorySpec
+
+    def spec(tid: str, tokens: int) -> TrajectorySpec:
+        return TrajectorySpec(tid, "g", 100, (StepSpec(tokens // 2, "python", 0.1, "ok", 5),
+                                              StepSpec(tokens - tokens // 2)))  # fmt: skip
+
+    truth = [spec("a", 10_000), spec("b", 9_000)]
+    ctx = PolicyContext(ClusterShape(num_gpus=8, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    policy = create_policy("heddle-oracle", ctx)
+    policy.on_batch_start([_event(s.trajectory_id, 0, 0, None) for s in truth])
+    states = [InstanceState(i.instance_id, 0, 0, i.tp) for i in policy.split.instances(8)]
+    started = policy.decide(_event("a", 0, 0, None), states, 0.0)
+    waiting = policy.decide(_event("b", 0, 0, None), states, 0.0)
+    halfway = policy.decide(_event("a", 1, 5_000, started.instance_id), states, 1.0)
+    # The engine runs the lowest priority value first.
+    assert halfway.priority == started.priority < waiting.priority
+    assert halfway.predicted_remaining == 5_000

@@ -96,6 +96,10 @@ class Forecast:
         bisect.insort(self._active, (-key, tid))
         return value
 
+    def total(self, tid: str) -> float:
+        """Its predicted total length (made so far plus predicted remaining): the rank key."""
+        return self._key.get(tid, 0.0)
+
     def rank(self, tid: str) -> int:
         return bisect.bisect_left(self._active, (-self._key[tid], tid))
 

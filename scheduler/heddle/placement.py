@@ -24,13 +24,21 @@ BUSY_SLACK = 8
 
 @dataclass(frozen=True)
 class LongestPredictedFirst:
-    """Progressive priority: the longest predicted remaining runs first, preemptively."""
+    """Progressive priority: the longest predicted trajectory runs first, preemptively
+    (the paper's adaptive longest-processing-time-first). The key is the predicted total,
+    the DP's rank key, not the predicted remaining: keyed on what is left, every step a
+    trajectory makes lowers it below the next longest, so the engine rotates among the
+    long ones, their contexts together outgrow the KV cache, and each returns from its
+    tool call to re-prefill an evicted context. At 3,200 trajectories on 32B, 16 H200
+    (robustness draw 1001) the remaining key prefilled 43M tokens where the trace holds
+    10.4M, and the oracle, whose exact remaining rotates the most, 272M
+    (docs/notes/issue-30-robustness.md)."""
 
     forecast: Forecast
     queue: str = "priority"
 
     def priority(self, event: TrajectoryView, now: float) -> int:
-        return -int(self.forecast.remaining.get(event.trajectory_id, 0.0))
+        return -int(self.forecast.total(event.trajectory_id))
 
     def predicted_remaining(self, trajectory_id: str) -> float | None:
         return self.forecast.remaining.get(trajectory_id)
