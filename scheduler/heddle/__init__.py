@@ -56,7 +56,7 @@ __all__ = [
 class HeddleVariant:
     """Which of Heddle's parts run (the ablations of the paper, and the oracle)."""
 
-    pps: bool = True  # longest predicted remaining first in the engines' queues
+    pps: bool = True  # longest predicted total first in the engines' queues
     dp: bool = True  # the DP's rank-to-instance map (else least loaded each step)
     migrate: bool = True  # moves between instances (during tool calls, mid-decode)
     plan_tp: bool = True  # a heterogeneous split planned from the batch (else the default)
