@@ -28,6 +28,9 @@ class SimResult:
     token_events: list[tuple[float, int]] = field(default_factory=list)
     wall_s: float = 0.0
     recomputed_moves: int = 0  # of `migrations`, those whose target prefilled the context
+    # Tokens the engines prefilled: the trace's prompts and tool outputs once each, plus
+    # every context recomputed after its cached prefix was evicted or moved.
+    prefill_tokens: int = 0
 
     @property
     def throughput_tok_s(self) -> float:
@@ -43,6 +46,7 @@ class SimResult:
             "migrations": self.migrations,
             "migration_s": self.migration_s,
             "recomputed_moves": self.recomputed_moves,
+            "prefill_tokens": self.prefill_tokens,
             "reconfigurations": self.reconfigurations,
             "reconfiguration_s": self.reconfiguration_s,
             "gpu_busy_frac": self.gpu_busy_frac,

@@ -147,6 +147,7 @@ class Simulator:
         self.migrations = 0
         self.migration_s = 0.0
         self.recomputed_moves = 0
+        self.prefill_tokens = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
         self._state_list: list[InstanceState] | None = None
@@ -346,6 +347,7 @@ class Simulator:
             for rid in out.advanced:
                 self._first_scheduled.setdefault(rid, now)
             inst.pending = out
+            self.prefill_tokens += out.num_prefill_tokens
             end = now + out.duration_s
             inst.add_busy(now, end)
         inst.busy_until = end
@@ -517,6 +519,7 @@ class Simulator:
             migrations=self.migrations,
             migration_s=self.migration_s,
             recomputed_moves=self.recomputed_moves,
+            prefill_tokens=self.prefill_tokens,
             reconfigurations=self.reconfigurations,
             reconfiguration_s=self.reconfiguration_s,
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,

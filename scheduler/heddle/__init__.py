@@ -67,6 +67,9 @@ class HeddleVariant:
     # Pin the DP's first this many groups whatever the memory reads: a measure
     # (benchmarks/forecast_noise.py), not a policy.
     pin_groups: int | None = None
+    # Key the engines' queues on the predicted remaining rather than the total: a
+    # measure (benchmarks/priority_key.py), not a policy.
+    queue_by_remaining: bool = False
 
 
 @dataclass
@@ -174,7 +177,9 @@ def heddle_policy(
 ) -> Policy:
     planner = HeddlePlanner.for_context(ctx, variant, name, lengths)
     order: Order = (
-        LongestPredictedFirst(planner.forecast) if variant.pps else FirstComeFirstServed()
+        LongestPredictedFirst(planner.forecast, by_remaining=variant.queue_by_remaining)
+        if variant.pps
+        else FirstComeFirstServed()
     )
     description = "Heddle" + ("" if name == "heddle" else f" ({name})")
     return Policy(name, order, planner.placement(variant), planner, description)

@@ -36,9 +36,13 @@ class LongestPredictedFirst:
 
     forecast: Forecast
     queue: str = "priority"
+    by_remaining: bool = False  # the remaining key, for benchmarks/priority_key.py
 
     def priority(self, event: TrajectoryView, now: float) -> int:
-        return -int(self.forecast.total(event.trajectory_id))
+        tid = event.trajectory_id
+        if self.by_remaining:
+            return -int(self.forecast.remaining.get(tid, 0.0))
+        return -int(self.forecast.total(tid))
 
     def predicted_remaining(self, trajectory_id: str) -> float | None:
         return self.forecast.remaining.get(trajectory_id)
