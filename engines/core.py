@@ -204,8 +204,8 @@ class EngineCore:
 
     def _insert_running(self, request: EngineRequest) -> None:
         if self.limits.policy == "priority":
-            keys = [rank(r) for r in self.running]
-            self.running.insert(bisect.bisect_right(keys, rank(request)), request)
+            at = bisect.bisect_right(self.running, rank(request), key=rank)
+            self.running.insert(at, request)
         else:
             self.running.append(request)
 
@@ -239,7 +239,28 @@ class EngineCore:
                 self._preempt(self.running[-1], out)
 
         # Running requests first, in rank order; the tail is preempted when KV runs out.
-        idx = 0
+        # Most iterations need no eviction: when the free KV covers every running
+        # request's tokens, they are reserved at once (the same outcome as one at a time,
+        # without a Python call per sequence: this loop is the simulator's hot path).
+        planned: list[tuple[EngineRequest, int]] = []
+        budget_left = token_budget
+        for request in self.running:
+            if budget_left <= 0:
+                break
+            made = request.num_output_tokens
+            target = request.context_tokens + made - (1 if made else 0)
+            computed = request.num_computed_tokens
+            num_new = min(target - computed, budget_left) if computed < target else 1
+            planned.append((request, num_new))
+            budget_left -= num_new
+        need = token_budget - budget_left
+        if need <= self.kv_free_tokens:
+            self.num_running_kv_tokens += need
+            scheduled = planned
+            token_budget = budget_left
+            idx = len(self.running)  # the slow path below has nothing left to do
+        else:
+            idx = 0
         while idx < len(self.running) and token_budget > 0:
             request = self.running[idx]
             if request.is_prefilling:
@@ -289,7 +310,8 @@ class EngineCore:
         decode_ctx = prefill_cached = 0
         prefill_attended = 0.0
         for request, num_new in scheduled:
-            if request.is_prefilling:
+            made = request.num_output_tokens
+            if request.num_computed_tokens < request.context_tokens + made - (1 if made else 0):
                 out.num_prefill_tokens += num_new
                 prefill_cached += request.num_computed_tokens
                 prefill_attended += num_new * (request.num_computed_tokens + num_new / 2)
@@ -316,8 +338,10 @@ class EngineCore:
         num_seqs = len(running)
         if num_seqs == 0 or num_seqs > limits.max_num_batched_tokens:
             return None
-        if any(r.is_prefilling for r in running):
-            return None
+        for r in running:  # any still prefilling (inlined: called once per event)
+            made = r.num_output_tokens
+            if r.num_computed_tokens < r.context_tokens + made - (1 if made else 0):
+                return None
         if self.waiting:
             # Waiting requests stay put only while every seat is taken and none outranks
             # a running one (ranks do not change inside a block).
@@ -363,15 +387,18 @@ class EngineCore:
     def _update_from_output(
         self, scheduled: list[tuple[EngineRequest, int]], out: StepOutput
     ) -> None:
+        advanced = out.advanced
         for request, num_new in scheduled:
-            was_prefilling = request.is_prefilling
+            made = request.num_output_tokens
+            target = request.context_tokens + made - (1 if made else 0)
+            was_prefilling = request.num_computed_tokens < target
             request.num_computed_tokens += num_new
-            made = 0
-            if not was_prefilling or request.num_computed_tokens >= self._prefill_target(request):
-                request.num_output_tokens += 1
-                made = 1
-            out.advanced[request.request_id] = made
-            if request.is_finished:
+            if not was_prefilling or request.num_computed_tokens >= target:
+                request.num_output_tokens = made = made + 1
+                advanced[request.request_id] = 1
+            else:
+                advanced[request.request_id] = 0
+            if made >= request.max_new_tokens:
                 self._release(request)
                 del self._by_id[request.request_id]
                 out.finished.append(request.request_id)
