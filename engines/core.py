@@ -6,6 +6,16 @@ a trajectory's context between its turns. `step()` runs one iteration and return
 advanced, what finished and how long the iteration took (from the cost model); the
 caller owns the clock: the simulator adds the time to virtual time, the live simulated
 engine sleeps it.
+
+Sessions: a request may carry a KV reservation, its trajectory's forecast peak context.
+The engine then holds the trajectory as a session from its first admitted step to its
+last (through its tool calls), and admits a trajectory it does not hold only while the
+sessions' reservations leave room for it. vLLM admits whatever its free blocks allow,
+counting cached prefixes as free: once the contexts of the trajectories that are running
+and in tool calls outgrow the cache, each one back from its tool finds its prefix evicted
+and prefills it again, and a batch of long contexts spends its time re-prefilling (at
+6,400 trajectories on 32B, ten to twenty times the trace's own tokens;
+docs/notes/issue-30-robustness.md).
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ class EngineLimits:
     max_num_batched_tokens: int = 8192
     policy: str = "fcfs"  # "fcfs" or "priority"
     preemption: bool = True  # priority policy: a waiting request may evict a running one
+    # How long a reservation outlives its trajectory's last step when no end was
+    # announced (an agent turn; a trajectory that failed during its tool call), in
+    # engine seconds: longer than the tool calls the families draw (timeouts to 60 s).
+    session_ttl_s: float = 120.0
 
 
 def modelled_core(cluster: ClusterShape, tp: int, policy: str) -> tuple[EngineCore, CostModel]:
@@ -107,6 +121,14 @@ class EngineCore:
         self.num_running_kv_tokens = 0
         self._arrivals = 0
         self._by_id: dict[str, EngineRequest] = {}
+        # Requests of trajectories not held yet, waiting for room to be reserved.
+        self.admitting = create_request_queue(limits.policy)
+        # Sessions: prefix_key -> KV tokens reserved; those with no request here (in a
+        # tool call), by the engine time their last step ended.
+        self.sessions: dict[str, int] = {}
+        self.num_reserved_kv_tokens = 0
+        self._idle_since: OrderedDict[str, float] = OrderedDict()
+        self.clock_s = 0.0  # engine time: the sum of its iterations' durations
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -121,6 +143,14 @@ class EngineCore:
         request.arrival_seq = self._arrivals
         self._arrivals += 1
         self._by_id[request.request_id] = request
+        key = request.prefix_key
+        if key in self.sessions:
+            self._idle_since.pop(key, None)
+            if request.reserve_kv_tokens:  # re-forecast: the reservation follows
+                self._reserve(key, request.reserve_kv_tokens)
+        elif request.reserve_kv_tokens:
+            self.admitting.push(request)
+            return
         self.waiting.push(request)
 
     def abort(self, request_id: str) -> bool:
@@ -129,9 +159,15 @@ class EngineCore:
             return False
         if request in self.running:
             self._release(request)
-        else:
-            self.waiting.remove(request_id)
+        elif self.waiting.remove(request_id) is None:
+            self.admitting.remove(request_id)
+        if request.prefix_key in self.sessions:
+            self._idle_since[request.prefix_key] = self.clock_s
         return True
+
+    def queued(self) -> list[EngineRequest]:
+        """Requests not running: those waiting for a seat, then those waiting for room."""
+        return [*self.waiting, *self.admitting]
 
     def __contains__(self, request_id: str) -> bool:
         """Whether a request is here, waiting or running."""
@@ -169,8 +205,62 @@ class EngineCore:
         return True
 
     def drop_prefix(self, key: str) -> int:
-        """Forget a trajectory's cached KV (it moved elsewhere); return the tokens freed."""
+        """Forget a trajectory's cached KV (it moved elsewhere), and its session; return
+        the tokens freed."""
+        self._end_session(key)
         return self._cache_take(key)
+
+    # ---- sessions ---------------------------------------------------------------------
+    def _reserve(self, key: str, tokens: int) -> None:
+        tokens = min(tokens, self.limits.kv_capacity_tokens)
+        self.num_reserved_kv_tokens += tokens - self.sessions.get(key, 0)
+        self.sessions[key] = tokens
+
+    def _end_session(self, key: str) -> None:
+        tokens = self.sessions.pop(key, None)
+        if tokens is not None:
+            self.num_reserved_kv_tokens -= tokens
+            self._idle_since.pop(key, None)
+
+    def _session_step_done(self, request: EngineRequest) -> None:
+        key = request.prefix_key
+        if key in self.sessions:
+            if request.ends_session:
+                self._end_session(key)
+            else:
+                self._idle_since[key] = self.clock_s
+
+    def _fits(self, request: EngineRequest) -> bool:
+        capacity = self.limits.kv_capacity_tokens
+        return self.num_reserved_kv_tokens + min(request.reserve_kv_tokens, capacity) <= capacity
+
+    def _expire_idle(self) -> bool:
+        """End the sessions idle past the TTL (their trajectory ended unannounced)."""
+        expired = False
+        horizon = self.clock_s - self.limits.session_ttl_s
+        while self._idle_since:
+            key, since = next(iter(self._idle_since.items()))
+            if since > horizon:
+                break
+            self._end_session(key)
+            expired = True
+        return expired
+
+    def _admit(self) -> None:
+        """Trajectories waiting for room join the queue, in its order, while the sessions'
+        reservations leave room for them. When nothing here runs or waits, the first one
+        joins anyway: the engine never idles with work."""
+        admitting = self.admitting
+        while admitting:
+            request = admitting.peek()
+            if not self._fits(request):
+                if self._expire_idle():
+                    continue  # sessions ended: look again
+                if self.running or self.waiting:
+                    return
+            admitting.pop()
+            self._reserve(request.prefix_key, request.reserve_kv_tokens)
+            self.waiting.push(request)
 
     # ---- KV bookkeeping -------------------------------------------------------------
     def _cache_put(self, key: str, tokens: int) -> None:
@@ -225,6 +315,8 @@ class EngineCore:
         out = StepOutput()
         token_budget = limits.max_num_batched_tokens
         scheduled: list[tuple[EngineRequest, int]] = []
+        if self.admitting:
+            self._admit()
 
         # Progressive priority (Heddle Alg. 1): a waiting request that outranks the
         # lowest-ranked running one takes its seat; the evicted request keeps its KV as
@@ -325,6 +417,7 @@ class EngineCore:
             prefill_attended_tokens=prefill_attended / max(out.num_prefill_tokens, 1),
             prefill_cached_tokens=prefill_cached,
         )
+        self.clock_s += out.duration_s
         self._update_from_output(scheduled, out)
         self._check_invariants(scheduled)
         return out
@@ -338,6 +431,8 @@ class EngineCore:
         num_seqs = len(running)
         if num_seqs == 0 or num_seqs > limits.max_num_batched_tokens:
             return None
+        if self.admitting and self._fits(self.admitting.peek()):
+            return None  # a trajectory can be admitted: a full step does it
         for r in running:  # any still prefilling (inlined: called once per event)
             made = r.num_output_tokens
             if r.num_computed_tokens < r.context_tokens + made - (1 if made else 0):
@@ -373,6 +468,7 @@ class EngineCore:
         out = StepOutput(duration_s=block.elapsed_s(iterations), num_decode_seqs=block.num_seqs)
         if not self._allocate(iterations * block.num_seqs):
             raise AssertionError("a decode block outgrew the KV cache")
+        self.clock_s += out.duration_s
         for request in list(self.running):
             request.num_computed_tokens += iterations
             request.num_output_tokens += iterations
@@ -380,6 +476,7 @@ class EngineCore:
             if request.is_finished:
                 self._release(request)
                 del self._by_id[request.request_id]
+                self._session_step_done(request)
                 out.finished.append(request.request_id)
         self._check_invariants([])
         return out
@@ -401,6 +498,7 @@ class EngineCore:
             if made >= request.max_new_tokens:
                 self._release(request)
                 del self._by_id[request.request_id]
+                self._session_step_done(request)
                 out.finished.append(request.request_id)
 
     def _check_invariants(self, scheduled: list[tuple[EngineRequest, int]]) -> None:

@@ -25,6 +25,13 @@ class EngineRequest:
     max_new_tokens: int
     priority: int = 0
     arrival_seq: int = 0
+    # KV the trajectory is expected to hold at its peak (the policy's forecast of its
+    # final context): while it is not 0, the engine admits a trajectory it does not hold
+    # yet only if the ones it holds leave that much room (`EngineCore`, "sessions").
+    reserve_kv_tokens: int = 0
+    # No step of the trajectory follows this one (no tool call): its reservation ends
+    # with it. Unknown (an agent turn), the reservation lapses after the session TTL.
+    ends_session: bool = False
     # An agent turn: its context as token ids (the host's renderer made them), sampled
     # until the end-of-turn token or `max_new_tokens`.
     sampling: Sampling | None = None

@@ -121,12 +121,12 @@ class SimulatedEngine:
     def running_decodes(self) -> list[EngineRequest]:
         """Requests that have generated, preempted ones included (as vLLM's stream shows
         them): what a mid-step review sees."""
-        waiting = [r for r in self.core.waiting if r.num_output_tokens]
+        waiting = [r for r in self.core.queued() if r.num_output_tokens]
         return [r for r in self.core.running if r.num_output_tokens] + waiting
 
     def queued_steps(self) -> list[EngineRequest]:
         """Requests waiting for a seat: an instance being emptied moves them too."""
-        return list(self.core.waiting)
+        return self.core.queued()
 
     def stop_to_move(self, request_id: str, target: str) -> bool:
         """End a request now, running or queued, as made so far, to continue on

@@ -77,6 +77,14 @@ class Forecasting(Protocol):
 
 
 @runtime_checkable
+class Reserving(Protocol):
+    """An order that asks the engines to hold a trajectory's KV from its first step to
+    its last: the decision carries the KV it is forecast to need at its peak."""
+
+    def reserve_kv_tokens(self, event: TrajectoryView) -> int: ...
+
+
+@runtime_checkable
 class Reviewer(Protocol):
     """A placement that re-examines steps in the middle of long decodes and may move one
     to another instance (its KV transferred, generation resumed from the tokens made)."""
@@ -183,6 +191,7 @@ class Policy:
         self.migrates: bool = isinstance(self.placement, Migrating) and self.placement.migrate
         self.reviews: bool = self._reviewer is not None
         self._forecaster = self.order if isinstance(self.order, Forecasting) else None
+        self._reserver = self.order if isinstance(self.order, Reserving) else None
 
     def decide(
         self, event: TrajectoryView, instances: Sequence[InstanceState], now: float
@@ -198,7 +207,11 @@ class Policy:
             reason=placed.reason,
             migrate=placed.migrate,
             predicted_remaining=-1 if forecast is None else max(0, round(forecast)),
+            reserve_kv_tokens=self._reserve(event),
         )
+
+    def _reserve(self, event: TrajectoryView) -> int:
+        return self._reserver.reserve_kv_tokens(event) if self._reserver is not None else 0
 
     def on_step_done(self, event: TrajectoryView, instance_id: str, output_tokens: int) -> None:
         self.placement.on_step_done(event, instance_id, output_tokens)
@@ -234,10 +247,11 @@ class Policy:
         by_id = {e.trajectory_id: e for e in events}
         return {
             tid: Decision(
-                d.instance_id, self.order.priority(by_id[tid], now), d.reason, migrate=True
+                d.instance_id, self.order.priority(by_id[tid], now), d.reason, migrate=True,
+                reserve_kv_tokens=self._reserve(by_id[tid]),
             )
             for tid, d in moves.items()
-        }
+        }  # fmt: skip
 
     def reshape(self, instances: Sequence[InstanceState], now: float) -> list[Reshape]:
         """Changes to the split during rollout; none unless the split is a `Reshaper`."""

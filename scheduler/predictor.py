@@ -238,17 +238,44 @@ class RemainingPredictor:
         # first turn at 8,192 tokens made was forecast 3,521 more; it made 31,808), so
         # there a forecast is at least that ratio times what the turn has made.
         self.tail = tail
+        # The fit for prompts without a record in the history (`train`); None: this fit
+        # serves every row.
+        self.without_prior: RemainingPredictor | None = None
 
     @classmethod
     def train(
         cls, history: Sequence[TrajectorySpec], *, num_rounds: int = NUM_ROUNDS, seed: int = 0
     ) -> RemainingPredictor:
         """Fit on a finished iteration; its prompts' record becomes the prior. `seed`
-        drives LightGBM's feature sampling: the fit is deterministic for each."""
+        drives LightGBM's feature sampling: the fit is deterministic for each.
+
+        Two fits: one reading the prompt's record, for prompts the history holds, and one
+        without it, for new prompts (`without_prior`). Every training row has a record
+        (its group's other samples), so a single fit had never seen one missing: on a
+        batch of prompts the history does not hold (a campaign drawing from a data set)
+        it forecast 37 tokens for first steps whose median was 1,595
+        (docs/notes/issue-30-robustness.md)."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
-        longest = float(max(s.generated_tokens for s in history))
         x, y, where = training_rows(history, mid_step=True)
+        predictor = cls._fit(history, x, y, where, num_rounds, seed)
+        at = FEATURES.index("prior_mean")
+        blind = x.copy()
+        blind[:, at : at + 2] = math.nan
+        predictor.without_prior = cls._fit(history, blind, y, where, num_rounds, seed)
+        return predictor
+
+    @classmethod
+    def _fit(
+        cls,
+        history: Sequence[TrajectorySpec],
+        x: np.ndarray,
+        y: np.ndarray,
+        where: Sequence[tuple[int, int]],
+        num_rounds: int,
+        seed: int,
+    ) -> RemainingPredictor:
+        longest = float(max(s.generated_tokens for s in history))
         params = PARAMS | {"seed": seed}
         columns = used_columns(x)
         names = [FEATURES[c] for c in columns]
@@ -305,7 +332,20 @@ class RemainingPredictor:
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         """Expected remaining generated tokens for each row, up to what is left of the
         history's longest total; a trajectory already past it keeps the fit's forecast
-        (the cap it was generated under is unknown, not reached)."""
+        (the cap it was generated under is unknown, not reached). A row whose prompt the
+        history does not hold is forecast by the fit made without that record."""
+        blind = self.without_prior
+        if blind is not None:
+            new = np.isnan(rows[:, FEATURES.index("prior_mean")])
+            if new.any():
+                out = np.empty(len(rows))
+                out[new] = blind.predict_rows(rows[new])
+                if (~new).any():
+                    out[~new] = self._predict_rows(rows[~new])
+                return out
+        return self._predict_rows(rows)
+
+    def _predict_rows(self, rows: np.ndarray) -> np.ndarray:
         median = np.exp(self.booster.predict(rows[:, self.columns], num_threads=1))
         expected = median * self.smear[_bucket(rows)] - 1.0
         if self.tail is not None:

@@ -205,7 +205,7 @@ class Simulator:
             self.occupancy.append(
                 Occupancy(
                     self.now, tp, len(group), sum(len(i.core.running) for i in group),
-                    sum(len(i.core.waiting) for i in group),
+                    sum(len(i.core.waiting) + len(i.core.admitting) for i in group),
                     sum(i.core.kv_usage for i in group) / len(group),
                     sum(i.sessions for i in group),
                 )
@@ -299,6 +299,8 @@ class Simulator:
                 context_tokens=traj.view.context_tokens + traj.step_offset,
                 max_new_tokens=step.output_tokens - traj.step_offset,
                 priority=decision.priority,
+                reserve_kv_tokens=decision.reserve_kv_tokens,
+                ends_session=step.tool is None,
             )
         )
         self._refresh(inst)
@@ -416,7 +418,7 @@ class Simulator:
             everything = inst.spec.instance_id in emptying
             requests = [(r, not r.is_prefilling) for r in inst.core.running]
             # A preempted decode is a step in progress too (vLLM's stream shows its tokens).
-            requests += [(r, False) for r in inst.core.waiting if everything or r.num_output_tokens]
+            requests += [(r, False) for r in inst.core.queued() if everything or r.num_output_tokens]
             for request, decoding in requests:
                 if not (decoding or everything or request.num_output_tokens):
                     continue

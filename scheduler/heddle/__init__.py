@@ -70,6 +70,9 @@ class HeddleVariant:
     # Key the engines' queues on the predicted remaining rather than the total: a
     # measure (benchmarks/priority_key.py), not a policy.
     queue_by_remaining: bool = False
+    # Engines admit a trajectory only while the forecast peak KV of those they hold fits
+    # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.
+    reserve_kv: bool = True
 
 
 @dataclass
@@ -177,7 +180,11 @@ def heddle_policy(
 ) -> Policy:
     planner = HeddlePlanner.for_context(ctx, variant, name, lengths)
     order: Order = (
-        LongestPredictedFirst(planner.forecast, by_remaining=variant.queue_by_remaining)
+        LongestPredictedFirst(
+            planner.forecast,
+            by_remaining=variant.queue_by_remaining,
+            reserve_kv=variant.reserve_kv,
+        )
         if variant.pps
         else FirstComeFirstServed()
     )

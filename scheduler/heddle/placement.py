@@ -37,12 +37,22 @@ class LongestPredictedFirst:
     forecast: Forecast
     queue: str = "priority"
     by_remaining: bool = False  # the remaining key, for benchmarks/priority_key.py
+    reserve_kv: bool = True  # hold each trajectory's forecast peak KV (`Reserving`)
 
     def priority(self, event: TrajectoryView, now: float) -> int:
         tid = event.trajectory_id
         if self.by_remaining:
             return -int(self.forecast.remaining.get(tid, 0.0))
         return -int(self.forecast.total(tid))
+
+    def reserve_kv_tokens(self, event: TrajectoryView) -> int:
+        """The engines hold a trajectory from its first step to its last and admit a
+        new one only while the forecast peaks of those they hold fit their cache: an
+        instance keeps the contexts it started rather than starting more than it can
+        hold and re-prefilling the ones back from their tool calls."""
+        if not self.reserve_kv:
+            return 0
+        return max(event.context_tokens, round(self.forecast.peak_context(event.trajectory_id)))
 
     def predicted_remaining(self, trajectory_id: str) -> float | None:
         return self.forecast.remaining.get(trajectory_id)
