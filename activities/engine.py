@@ -244,6 +244,8 @@ class EngineActivities:
             context_tokens=request.context_tokens + made,
             max_new_tokens=request.max_new_tokens - made,
             priority=request.priority,
+            reserve_kv_tokens=request.reserve_kv_tokens,
+            ends_session=request.ends_session,
         )
         return await self._run(engine, engine_request, made, request.trajectory_id, on_progress)
 

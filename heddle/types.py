@@ -322,6 +322,10 @@ class GenerateRequest:
     then_wait_s: float = 0.0
     then_tool: str = ""  # that tool's name and replayed status (for the tool metrics)
     then_tool_status: str = "ok"
+    # The decision's KV reservation for the trajectory (`Decision.reserve_kv_tokens`), and
+    # whether this is its last step (no tool follows), which ends the reservation.
+    reserve_kv_tokens: int = 0
+    ends_session: bool = False
     # An agent turn: the model samples; the engine host renders its context.
     agent: AgentTurn | None = None
 

@@ -19,6 +19,7 @@ def create_core(
     max_num_batched_tokens: int = 2048,
     policy: str = "fcfs",
     preemption: bool = True,
+    session_ttl_s: float = 120.0,
 ) -> EngineCore:
     cost = CostModel.for_names("qwen3-8b", "h100", 1)
     return EngineCore(
@@ -28,15 +29,26 @@ def create_core(
             max_num_batched_tokens=max_num_batched_tokens,
             policy=policy,
             preemption=preemption,
+            session_ttl_s=session_ttl_s,
         ),
         iteration_cost=cost.iteration_s,
     )
 
 
 def request(
-    rid: str, context: int = 100, new: int = 10, *, key: str | None = None, priority: int = 0
+    rid: str,
+    context: int = 100,
+    new: int = 10,
+    *,
+    key: str | None = None,
+    priority: int = 0,
+    reserve: int = 0,
+    ends: bool = False,
 ) -> EngineRequest:
-    return EngineRequest(rid, key or rid, context, new, priority=priority)
+    return EngineRequest(
+        rid, key or rid, context, new, priority=priority, reserve_kv_tokens=reserve,
+        ends_session=ends,
+    )  # fmt: skip
 
 
 def run_until_done(core: EngineCore, max_steps: int = 100_000) -> dict[str, int]:

@@ -243,6 +243,27 @@ def test_the_forecast_is_the_expected_remaining_not_the_median() -> None:
         assert bias_expected < bias_median, k
 
 
+@pytest.mark.parametrize("seed", [1006, 7])
+def test_prompts_the_history_does_not_hold_are_forecast_without_their_record(seed: int) -> None:
+    """A campaign draws each batch's prompts from a data set, so the history is of other
+    prompts. Every training row has its prompt's record (the group's other samples); a
+    fit that reads it forecast these first steps at a fraction of their mean. The fit
+    made without the record serves them, and a prompt with a record keeps the other."""
+    from heddle.families import generate_family
+
+    trace, history = (
+        [r.spec for r in generate_family("random", prompts=50, seed=seed, iteration=it)]
+        for it in (1, 0)
+    )
+    predictor = RemainingPredictor.train(history)
+    rows = np.asarray([predictor.event_row(TrajectoryView.first(s)) for s in trace])
+    true = np.mean([s.generated_tokens for s in trace])
+    assert 0.5 < predictor.predict_rows(rows).mean() / true < 2.0
+    assert predictor._predict_rows(rows).mean() / true < 0.5  # the fit with the record
+    known, _, _ = training_rows(history)  # rows of prompts with a record
+    assert (predictor.predict_rows(known) == predictor._predict_rows(known)).all()
+
+
 def test_a_turn_past_what_the_history_shows_is_forecast_from_what_it_made() -> None:
     """Trees do not extrapolate: a search turn in progress far past the longest level
     the history describes (4,096 tokens made here) kept the forecast of a shorter one.

@@ -440,3 +440,77 @@ def test_a_batch_of_many_slices_runs_every_trajectory_once_longest_expected_firs
             ]
 
     asyncio.run(run())
+
+
+class _ReservingOrder:
+    """Test order: every trajectory reserves 4,000 tokens of KV on its engine; "long"
+    goes first."""
+
+    queue = "priority"
+
+    def priority(self, event, now):  # type: ignore[no-untyped-def]
+        return -1 if event.trajectory_id == "long" else 0
+
+    def reserve_kv_tokens(self, event):  # type: ignore[no-untyped-def]
+        return 4000
+
+
+class _AllOnI0(LeastLoaded):
+    def place(self, event, instances, now):  # type: ignore[no-untyped-def]
+        from heddle.types import Decision
+
+        return Decision("i0", reason="fixed")
+
+
+def test_an_engine_holds_the_trajectories_it_reserved_for_and_admits_the_rest_after(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live, on simulated engines: Qwen3-32B on one H100 holds 9,155 tokens of KV, room
+    for two reservations of 4,000. On one instance a long decode runs beside one short
+    trajectory, whose turns find their context cached; the two others start only once
+    it has ended. (With nothing running nor waiting the engine would admit one anyway:
+    it never idles with work.)"""
+    from heddle.client import HeddleClient
+    from heddle.config import ClusterConfig
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.split import Homogeneous
+    from tests.live import in_process_worker
+
+    monkeypatch.setitem(
+        registry.POLICIES, "test-reserving",
+        lambda ctx: Policy("test-reserving", _ReservingOrder(), _AllOnI0(), Homogeneous(1)),
+    )  # fmt: skip
+    steps = (*(StepSpec(40, "python", 1.0, "ok", 30) for _ in range(2)), StepSpec(40))
+    records = [TraceRecord(TrajectorySpec("long", "g", 2000, (StepSpec(3000),), "coding"))]
+    records += [TraceRecord(TrajectorySpec(f"r{k}", "g", 2000, steps, "coding")) for k in range(3)]
+    cluster = ClusterConfig(model="qwen3-32b", gpu="h100", num_gpus=2, default_tp=1)
+
+    async def run() -> None:
+        async with in_process_worker(
+            temporal_address, store_url, queue_prefix, time_scale=0.05, cluster=cluster
+        ):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                handle = await client.start_rollout(
+                    records=records, options=RolloutOptions(policy="test-reserving")
+                )
+                report = await asyncio.wait_for(handle.report(), 120)
+                assert report.completed == 4
+                rows = [client.store.get_trajectory(handle.batch_id, r.spec.trajectory_id)
+                        for r in records]  # fmt: skip
+        spans = []
+        for row in rows[1:]:
+            assert row is not None
+            for st in row["steps"][1:]:
+                assert st["cached_tokens"] >= st["context_tokens"] - 30 - 1
+            spans.append((row["steps"][0]["gen_started_at"], row["steps"][-1]["gen_finished_at"]))
+        spans.sort()
+        assert rows[0] is not None
+        assert rows[0]["steps"][0]["gen_finished_at"] > spans[1][0]  # it ran throughout
+        assert spans[1][0] >= spans[0][1]
+        assert spans[2][0] >= spans[0][1]
+
+    asyncio.run(run())

@@ -589,6 +589,8 @@ class TrajectoryWorkflow:
                         then_wait_s=then_wait_s,
                         then_tool=(then_tool.tool or "") if then_tool else "",
                         then_tool_status=then_tool.tool_status if then_tool else "ok",
+                        reserve_kv_tokens=decision.reserve_kv_tokens,
+                        ends_session=not before_tool,
                         **self._books(request, made, decision, move_from, before_tool),
                     ),
                     task_queue=engine_queue(instance, opts.queue_prefix),

@@ -418,7 +418,9 @@ class Simulator:
             everything = inst.spec.instance_id in emptying
             requests = [(r, not r.is_prefilling) for r in inst.core.running]
             # A preempted decode is a step in progress too (vLLM's stream shows its tokens).
-            requests += [(r, False) for r in inst.core.queued() if everything or r.num_output_tokens]
+            requests += [
+                (r, False) for r in inst.core.queued() if everything or r.num_output_tokens
+            ]
             for request, decoding in requests:
                 if not (decoding or everything or request.num_output_tokens):
                     continue

@@ -1,0 +1,124 @@
+"""The engine core's sessions: a trajectory admitted under a KV reservation is held from
+its first step to its last, and a new one waits while the reservations fill the cache."""
+
+from __future__ import annotations
+
+from engines.core import EngineCore
+from tests.factories import create_core, request, run_until_done
+
+
+def _until_gone(core: EngineCore, request_id: str) -> None:
+    while request_id in core:
+        core.step()
+
+
+def _two_turns_beside_a_third(reserve: int) -> tuple[EngineCore, int]:
+    """Trajectories a, b and c of 4,000-token contexts on a 10,000-token cache: a makes a
+    short turn and comes back from its tool call while b decodes on. Returns the core
+    and the tokens of a's context that its second turn found cached."""
+    core = create_core(kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority")
+    core.add_request(request("a/0", 4000, 10, key="a", reserve=reserve))
+    core.add_request(request("b/0", 4000, 3000, key="b", reserve=reserve))
+    core.add_request(request("c/0", 4000, 10, key="c", reserve=reserve))
+    _until_gone(core, "a/0")
+    for _ in range(5):  # a's tool call
+        core.step()
+    core.add_request(request("a/1", 4060, 10, key="a", reserve=reserve, ends=True))
+    core.step()
+    return core, core._by_id["a/1"].num_cached_tokens
+
+
+def test_without_reservations_a_new_trajectory_evicts_one_in_its_tool_call() -> None:
+    """vLLM's admission: c takes the room a's cached context left, and a prefills it
+    again when it comes back."""
+    core, cached = _two_turns_beside_a_third(reserve=0)
+    assert cached == 0
+    assert not core.admitting
+    assert not core.sessions
+
+
+def test_a_reservation_keeps_the_context_of_a_trajectory_in_its_tool_call() -> None:
+    core, cached = _two_turns_beside_a_third(reserve=4500)
+    assert cached == 4009  # a's whole context but the token its next turn recomputes
+    assert [r.request_id for r in core.admitting] == ["c/0"]  # 9,000 of 10,000 reserved
+    assert [r.request_id for r in core.queued()] == ["c/0"]
+    # a's last step ends its session: c is admitted at the next iteration.
+    _until_gone(core, "a/1")
+    assert core.sessions == {"b": 4500}
+    core.step()
+    assert not core.admitting
+    assert set(core.sessions) == {"b", "c"}
+    assert run_until_done(core)
+    # Neither b's last step nor c's said it ended: both wait out the TTL.
+    assert core.sessions == {"b": 4500, "c": 4500}
+
+
+def test_a_session_that_never_comes_back_lapses_after_its_ttl() -> None:
+    """A trajectory that failed in its tool call (or an agent turn, whose end the engine
+    is not told) holds its reservation only for the TTL, in engine time."""
+    core = create_core(kv_capacity_tokens=10_000, policy="priority", session_ttl_s=0.5)
+    core.add_request(request("a/0", 4000, 10, key="a", reserve=6000))
+    core.add_request(request("b/0", 100, 5_000, key="b", reserve=1000))
+    core.add_request(request("c/0", 1000, 10, key="c", reserve=6000))
+    _until_gone(core, "a/0")  # a is now in a tool call it never returns from
+    assert [r.request_id for r in core.admitting] == ["c/0"]
+    while core.admitting:
+        core.step()
+    assert core.clock_s >= 0.5
+    assert set(core.sessions) == {"b", "c"}
+
+
+def test_an_idle_engine_admits_past_its_reservations() -> None:
+    """With nothing running or waiting the head is admitted anyway: the engine never
+    idles with work, whatever the forecasts reserved."""
+    core = create_core(kv_capacity_tokens=10_000, policy="priority")
+    core.add_request(request("a/0", 1000, 10, key="a", reserve=9000))
+    _until_gone(core, "a/0")
+    core.add_request(request("c/0", 1000, 10, key="c", reserve=9000))
+    core.step()
+    assert set(core.sessions) == {"a", "c"}
+    assert core.num_reserved_kv_tokens == 18_000
+
+
+def test_a_move_ends_the_session_and_a_new_forecast_resizes_it() -> None:
+    core = create_core(kv_capacity_tokens=10_000, policy="priority")
+    core.add_request(request("a/0", 1000, 10, key="a", reserve=3000))
+    _until_gone(core, "a/0")
+    core.add_request(request("a/1", 1100, 10, key="a", reserve=5000))
+    assert core.sessions == {"a": 5000}
+    _until_gone(core, "a/1")
+    assert core.drop_prefix("a") == 1109
+    assert core.sessions == {}
+    assert core.num_reserved_kv_tokens == 0
+
+
+def test_a_reservation_is_at_most_the_cache() -> None:
+    core = create_core(kv_capacity_tokens=10_000, policy="priority")
+    core.add_request(request("a/0", 1000, 10, key="a", reserve=50_000))
+    core.step()
+    assert core.sessions == {"a": 10_000}
+
+
+def test_an_admissible_trajectory_cuts_a_decode_block() -> None:
+    """The simulator's fast path runs plain decodes in one event; a trajectory that a
+    finished session made room for must join at the next iteration instead."""
+    core = create_core(kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority")
+    core.add_request(request("b/0", 100, 5000, key="b", reserve=6000))
+    core.add_request(request("c/0", 100, 10, key="c", reserve=6000))
+    core.step()
+    assert core.decode_block() is not None  # c cannot be admitted: b decodes alone
+    core.sessions["b"] = 1000  # as a new forecast of b would leave it
+    core.num_reserved_kv_tokens = 1000
+    assert core.decode_block() is None
+    core.step()
+    assert not core.admitting
+
+
+def test_an_aborted_request_leaves_the_admission_queue() -> None:
+    core = create_core(kv_capacity_tokens=10_000, policy="priority")
+    core.add_request(request("b/0", 100, 5000, key="b", reserve=9000))
+    core.add_request(request("c/0", 100, 10, key="c", reserve=9000))
+    core.step()
+    assert core.abort("c/0")
+    assert not core.admitting
+    assert "c/0" not in core
