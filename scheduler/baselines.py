@@ -6,6 +6,9 @@ except Libra, whose two buckets need two widths.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from scheduler.interface import Policy, PolicyContext
 from scheduler.libra import LibraPlacement, MultiLevelFeedback
 from scheduler.order import FirstComeFirstServed, LeastAttainedServiceFirst
@@ -18,6 +21,9 @@ from scheduler.placement import (
 )
 from scheduler.split import Buckets, Homogeneous
 from scheduler.war import FewestTurnsLeft, WarPlacement
+
+if TYPE_CHECKING:
+    from scheduler.heddle import HeddleVariant
 
 
 def least_loaded(ctx: PolicyContext) -> Policy:
@@ -106,48 +112,43 @@ def war(ctx: PolicyContext) -> Policy:
 
 
 # ---- Heddle and its ablations --------------------------------------------------------------
-def _heddle(ctx: PolicyContext, name: str, **variant: bool) -> Policy:
-    """Heddle with the parts `variant` turns off (`HeddleVariant`'s fields); imported
-    here so that naming a peer does not load LightGBM."""
-    from scheduler.heddle import HeddleVariant, heddle_policy
-
-    return heddle_policy(ctx, name, HeddleVariant(**variant))
-
-
-def heddle(ctx: PolicyContext) -> Policy:
-    """Progressive prediction and priority, presorted-DP placement with migration,
-    heterogeneous TP (Heddle paper)."""
-    return _heddle(ctx, "heddle")
-
-
-def heddle_no_pps(ctx: PolicyContext) -> Policy:
-    return _heddle(ctx, "heddle-no-pps", pps=False)
-
-
-def heddle_no_placement(ctx: PolicyContext) -> Policy:
-    return _heddle(ctx, "heddle-no-placement", dp=False)
-
-
-def heddle_no_migrate(ctx: PolicyContext) -> Policy:
-    return _heddle(ctx, "heddle-no-migrate", migrate=False)
+# Each of Heddle's registered variants: the parts it turns off or on (`HeddleVariant`'s
+# fields).
+HEDDLE_VARIANTS: dict[str, dict[str, bool]] = {
+    # Progressive prediction and priority, presorted-DP placement with migration,
+    # heterogeneous TP (Heddle paper), and the engines' KV reservations.
+    "heddle": {},
+    "heddle-no-pps": {"pps": False},
+    "heddle-no-placement": {"dp": False},
+    "heddle-no-migrate": {"migrate": False},
+    # The default TP everywhere, kept through the rollout: a fixed split stays fixed.
+    "heddle-fixed-tp": {"plan_tp": False, "reshape": False},
+    # The split planned at batch start is kept through the rollout (the paper's Heddle).
+    "heddle-no-reshape": {"reshape": False},
+    # The engines admit as vLLM does, whatever the trajectories they hold will need.
+    "heddle-no-reserve": {"reserve_kv": False},
+    # A campaign's first iteration (no history): forecasts learned from the batch as it
+    # runs (`BatchLengths`). It starts on the default TP, since nothing yet says what a
+    # wider split would pay for, and reshapes as the batch drains.
+    "heddle-cold": {"online": True, "plan_tp": False},
+    "heddle-oracle": {"oracle": True},
+}
 
 
-def heddle_fixed_tp(ctx: PolicyContext) -> Policy:
-    """The default TP everywhere, kept through the rollout: a fixed split stays fixed."""
-    return _heddle(ctx, "heddle-fixed-tp", plan_tp=False, reshape=False)
+def heddle_variant(name: str) -> HeddleVariant:
+    """The variant a registered Heddle policy runs; imported here so that naming a peer
+    does not load LightGBM."""
+    from scheduler.heddle import HeddleVariant
+
+    return HeddleVariant(**HEDDLE_VARIANTS[name])
 
 
-def heddle_no_reshape(ctx: PolicyContext) -> Policy:
-    """The split planned at batch start is kept through the rollout (the paper's Heddle)."""
-    return _heddle(ctx, "heddle-no-reshape", reshape=False)
+def heddle(name: str) -> Callable[[PolicyContext], Policy]:
+    """The factory of a registered Heddle variant (`HEDDLE_VARIANTS`)."""
 
+    def create(ctx: PolicyContext) -> Policy:
+        from scheduler.heddle import heddle_policy
 
-def heddle_cold(ctx: PolicyContext) -> Policy:
-    """A campaign's first iteration (no history): forecasts learned from the batch as it
-    runs (`BatchLengths`). It starts on the default TP, since nothing yet says what a
-    wider split would pay for, and reshapes as the batch drains."""
-    return _heddle(ctx, "heddle-cold", online=True, plan_tp=False)
+        return heddle_policy(ctx, name, heddle_variant(name))
 
-
-def heddle_oracle(ctx: PolicyContext) -> Policy:
-    return _heddle(ctx, "heddle-oracle", oracle=True)
+    return create

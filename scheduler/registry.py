@@ -16,14 +16,7 @@ POLICIES: dict[str, Callable[[PolicyContext], Policy]] = {
     "autellix": baselines.autellix,
     "libra": baselines.libra,
     "war": baselines.war,
-    "heddle": baselines.heddle,
-    "heddle-no-pps": baselines.heddle_no_pps,
-    "heddle-no-placement": baselines.heddle_no_placement,
-    "heddle-no-migrate": baselines.heddle_no_migrate,
-    "heddle-fixed-tp": baselines.heddle_fixed_tp,
-    "heddle-no-reshape": baselines.heddle_no_reshape,
-    "heddle-oracle": baselines.heddle_oracle,
-    "heddle-cold": baselines.heddle_cold,
+    **{name: baselines.heddle(name) for name in baselines.HEDDLE_VARIANTS},
 }
 
 
