@@ -7,7 +7,7 @@ advanced, what finished and how long the iteration took (from the cost model); t
 caller owns the clock: the simulator adds the time to virtual time, the live simulated
 engine sleeps it.
 
-Sessions: a request may carry a KV reservation, its trajectory's forecast peak context.
+Sessions: a request may carry a KV reservation, a forecast of its trajectory's KV.
 The engine then holds the trajectory as a session from its first admitted step to its
 last (through its tool calls), and admits a trajectory it does not hold only while the
 sessions' reservations leave room for it. vLLM admits whatever its free blocks allow,

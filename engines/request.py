@@ -25,9 +25,9 @@ class EngineRequest:
     max_new_tokens: int
     priority: int = 0
     arrival_seq: int = 0
-    # KV the trajectory is expected to hold at its peak (the policy's forecast of its
-    # final context): while it is not 0, the engine admits a trajectory it does not hold
-    # yet only if the ones it holds leave that much room (`EngineCore`, "sessions").
+    # KV the policy reserves for the trajectory (a forecast of what it holds while it
+    # runs): while it is not 0, the engine admits a trajectory it does not hold yet
+    # only if the ones it holds leave that much room (`engines.core`, "Sessions").
     reserve_kv_tokens: int = 0
     # No step of the trajectory follows this one (no tool call): its reservation ends
     # with it. Unknown (an agent turn), the reservation lapses after the session TTL.

@@ -153,9 +153,10 @@ class Decision:
     # The policy's forecast of the trajectory's remaining tokens, for the UI's
     # `HeddlePredictedRemaining`; -1 where the policy does not forecast.
     predicted_remaining: int = -1
-    # The KV the trajectory is forecast to hold at its peak (its final context): the
-    # engine admits a trajectory it does not hold yet only while room for this is left
-    # (`engines.core`, "Sessions"). 0: no reservation; the engine admits as vLLM does.
+    # The KV the policy reserves for the trajectory on its engine (Heddle: its forecast
+    # mean KV over what is left of it): the engine admits a trajectory it does not hold
+    # yet only while the reservations leave room for it (`engines.core`, "Sessions").
+    # 0: no reservation; the engine admits as vLLM does.
     reserve_kv_tokens: int = 0
 
 

@@ -79,7 +79,7 @@ class Forecasting(Protocol):
 @runtime_checkable
 class Reserving(Protocol):
     """An order that asks the engines to hold a trajectory's KV from its first step to
-    its last: the decision carries the KV it is forecast to need at its peak."""
+    its last: the decision carries the KV to reserve for it."""
 
     def reserve_kv_tokens(self, event: TrajectoryView) -> int: ...
 

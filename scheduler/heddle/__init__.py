@@ -70,7 +70,7 @@ class HeddleVariant:
     # Key the engines' queues on the predicted remaining rather than the total: a
     # measure (benchmarks/priority_key.py), not a policy.
     queue_by_remaining: bool = False
-    # Engines admit a trajectory only while the forecast peak KV of those they hold fits
+    # Engines admit a trajectory only while the forecast KV of those they hold fits
     # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.
     reserve_kv: bool = True
 

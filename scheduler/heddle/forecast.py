@@ -66,7 +66,6 @@ class Forecast:
     remaining: dict[str, float] = field(default_factory=dict)
     _key: dict[str, float] = field(default_factory=dict)
     _context: dict[str, float] = field(default_factory=dict)
-    _peak: dict[str, float] = field(default_factory=dict)
     _active: list[tuple[float, str]] = field(default_factory=list)
 
     @staticmethod
@@ -92,7 +91,6 @@ class Forecast:
         # Its mean KV while the rest runs: the context now plus half of what is still to
         # come, generated tokens and the tool outputs that come with them.
         self._context[tid] = event.context_tokens + value * self.context_growth / 2
-        self._peak[tid] = event.context_tokens + value * self.context_growth
         key = value + event.generated_tokens
         self._key[tid] = key
         bisect.insort(self._active, (-key, tid))
@@ -102,9 +100,10 @@ class Forecast:
         """Its predicted total length (made so far plus predicted remaining): the rank key."""
         return self._key.get(tid, 0.0)
 
-    def peak_context(self, tid: str) -> float:
-        """Its predicted final context: the KV it holds as its last step ends."""
-        return self._peak.get(tid, 0.0)
+    def mean_context(self, tid: str) -> float:
+        """Its mean KV over what is left of it: the context now plus half of what is
+        still to come."""
+        return self._context.get(tid, 0.0)
 
     def rank(self, tid: str) -> int:
         return bisect.bisect_left(self._active, (-self._key[tid], tid))
@@ -112,7 +111,6 @@ class Forecast:
     def finished(self, tid: str, group_id: str, generated_tokens: int) -> None:
         self.remaining.pop(tid, None)
         self._context.pop(tid, None)
-        self._peak.pop(tid, None)
         self._unrank(tid)
         self._key.pop(tid, None)
         self.lengths.finished(group_id, generated_tokens)
