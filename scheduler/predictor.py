@@ -241,10 +241,6 @@ class RemainingPredictor:
         # The fit for prompts without a record in the history (`train`); None: this fit
         # serves every row.
         self.without_prior: RemainingPredictor | None = None
-        # How well it tells long trajectories from short before their first step: the
-        # Pearson r of log remaining tokens against its out-of-fold forecasts, over the
-        # history's first steps (nan: too few to tell).
-        self.first_step_r = math.nan
 
     @classmethod
     def train(
@@ -304,12 +300,9 @@ class RemainingPredictor:
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
-        predictor = cls(
+        return cls(
             fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y), columns
         )
-        first = bucket == 0
-        predictor.first_step_r = pearson(y[first], out_of_fold[first])
-        return predictor
 
     def event_row(self, event: TrajectoryView) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
