@@ -61,6 +61,9 @@ class HeddleVariant:
     migrate: bool = True  # moves between instances (during tool calls, mid-decode)
     plan_tp: bool = True  # a heterogeneous split planned from the batch (else the default)
     reshape: bool = True  # the split reshaped during rollout
+    # Reshaping may empty a block of busy narrow instances to merge it (else it merges
+    # only blocks that fall idle).
+    vacate: bool = True
     oracle: bool = False  # the batch's true lengths instead of the predictor's
     # No history: forecasts learned from the batch as it runs (`BatchLengths`).
     online: bool = False
@@ -120,7 +123,7 @@ class HeddlePlanner:
             plan,
             # Emptying a busy block needs a placement that moves its trajectories off.
             enabled=variant.reshape,
-            vacate=variant.dp and variant.migrate,
+            vacate=variant.dp and variant.migrate and variant.vacate,
         )
         return cls(forecast, bookings, plan, reshaping, plan_tp=variant.plan_tp)
 
