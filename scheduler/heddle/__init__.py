@@ -71,7 +71,7 @@ class HeddleVariant:
     # (benchmarks/forecast_noise.py), not a policy.
     pin_groups: int | None = None
     # Key the engines' queues on the predicted remaining rather than the total: a
-    # measure (benchmarks/priority_key.py), not a policy.
+    # measure (`benchmarks/variant_ab.py --flag queue_by_remaining`), not a policy.
     queue_by_remaining: bool = False
     # Engines admit a trajectory only while the forecast KV of those they hold fits
     # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.

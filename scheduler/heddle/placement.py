@@ -36,7 +36,7 @@ class LongestPredictedFirst:
 
     forecast: Forecast
     queue: str = "priority"
-    by_remaining: bool = False  # the remaining key, for benchmarks/priority_key.py
+    by_remaining: bool = False  # the remaining key, a measure (benchmarks/variant_ab.py)
     reserve_kv: bool = True  # reserve each trajectory's forecast KV (`Reserving`)
 
     def priority(self, event: TrajectoryView, now: float) -> int:
