@@ -50,7 +50,13 @@ class EngineLimits:
     session_ttl_s: float = 120.0
 
 
-def modelled_core(cluster: ClusterShape, tp: int, policy: str) -> tuple[EngineCore, CostModel]:
+def modelled_core(
+    cluster: ClusterShape,
+    tp: int,
+    policy: str,
+    *,
+    session_ttl_s: float = EngineLimits.session_ttl_s,
+) -> tuple[EngineCore, CostModel]:
     """A TP-`tp` instance of the cluster as the cost model times it: the one recipe the
     simulator and the live simulated engines share."""
     cost = CostModel.of(cluster, tp)
@@ -61,6 +67,7 @@ def modelled_core(cluster: ClusterShape, tp: int, policy: str) -> tuple[EngineCo
         max_num_seqs=cluster.max_num_seqs,
         max_num_batched_tokens=cluster.max_num_batched_tokens,
         policy=policy,
+        session_ttl_s=session_ttl_s,
     )
     return EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engines.core import modelled_core
+from engines.core import EngineLimits, modelled_core
 from engines.costmodel import CostModel, cheapest_move, same_node, weight_sync_s
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
@@ -111,7 +111,10 @@ class EnginePool:
 
                 backend = RayVllm(instance_id, self.vllm, tp, use_gpus=self.vllm.use_gpus)
             return VllmEngine(instance_id=instance_id, backend=backend, sessions=self.sessions)
-        core, _ = modelled_core(self.shape.cluster, tp, self.shape.policy)
+        # Temporal's hops between a trajectory's steps take wall time that `time_scale`
+        # does not shrink, so a scaled run keeps the reservation TTL's wall length.
+        ttl_s = EngineLimits.session_ttl_s / self.shape.time_scale
+        core, _ = modelled_core(self.shape.cluster, tp, self.shape.policy, session_ttl_s=ttl_s)
         return SimulatedEngine(instance_id=instance_id, core=core, time_scale=self.shape.time_scale)
 
     async def add(self, instance_id: str, tp: int, first_gpu: int = 0) -> Engine:

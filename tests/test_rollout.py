@@ -482,9 +482,10 @@ def test_an_engine_holds_the_trajectories_it_reserved_for_and_admits_the_rest_af
         lambda ctx: Policy("test-reserving", _ReservingOrder(), _AllOnI0(), Homogeneous(1)),
     )  # fmt: skip
     steps = (*(StepSpec(40, "python", 1.0, "ok", 30) for _ in range(2)), StepSpec(40))
-    records = [TraceRecord(TrajectorySpec("long", "g", 2000, (StepSpec(3000),), "coding"))]
-    records += [TraceRecord(TrajectorySpec(f"r{k}", "g", 2000, steps, "coding")) for k in range(3)]
+    long = [TraceRecord(TrajectorySpec("long", "g", 2000, (StepSpec(3000),), "coding"))]
+    short = [TraceRecord(TrajectorySpec(f"r{k}", "g", 2000, steps, "coding")) for k in range(3)]
     cluster = ClusterConfig(model="qwen3-32b", gpu="h100", num_gpus=2, default_tp=1)
+    options = RolloutOptions(policy="test-reserving")
 
     async def run() -> None:
         async with in_process_worker(
@@ -494,22 +495,28 @@ def test_an_engine_holds_the_trajectories_it_reserved_for_and_admits_the_rest_af
                 temporal_address, store_url=store_url, queue_prefix=queue_prefix
             )
             async with client:
-                handle = await client.start_rollout(
-                    records=records, options=RolloutOptions(policy="test-reserving")
-                )
-                report = await asyncio.wait_for(handle.report(), 120)
-                assert report.completed == 4
-                rows = [client.store.get_trajectory(handle.batch_id, r.spec.trajectory_id)
-                        for r in records]  # fmt: skip
+                # The long one first, in a batch of its own: were the short ones there
+                # first, the engine would admit each while the others are in tool calls.
+                first = await client.start_rollout(records=long, options=options)
+                while (await first.progress())["started"] < 1:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # its step reaches the engine (3.8 s of decode)
+                second = await client.start_rollout(records=short, options=options)
+                for handle, n in ((first, 1), (second, 3)):
+                    report = await asyncio.wait_for(handle.report(), 120)
+                    assert report.completed == n
+                get = client.store.get_trajectory
+                long_row = get(first.batch_id, "long")
+                rows = [get(second.batch_id, r.spec.trajectory_id) for r in short]
         spans = []
-        for row in rows[1:]:
+        for row in rows:
             assert row is not None
             for st in row["steps"][1:]:
                 assert st["cached_tokens"] >= st["context_tokens"] - 30 - 1
             spans.append((row["steps"][0]["gen_started_at"], row["steps"][-1]["gen_finished_at"]))
         spans.sort()
-        assert rows[0] is not None
-        assert rows[0]["steps"][0]["gen_finished_at"] > spans[1][0]  # it ran throughout
+        assert long_row is not None
+        assert long_row["steps"][0]["gen_finished_at"] > spans[1][0]  # it ran throughout
         assert spans[1][0] >= spans[0][1]
         assert spans[2][0] >= spans[0][1]
 
