@@ -4,6 +4,7 @@ stays inside the model's limits, and its history is of other prompts."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from heddle.families import (
     MAX_GENERATED_TOKENS,
@@ -69,3 +70,26 @@ def test_history_is_of_other_prompts_unless_epoch() -> None:
     a, b = (generate_family("random", prompts=5, seed=1, iteration=it, epoch=True) for it in (0, 1))
     assert [r.spec.prompt_tokens for r in a] == [r.spec.prompt_tokens for r in b]
     assert [r.spec.steps for r in a] != [r.spec.steps for r in b]
+
+
+def test_the_robustness_benchmark_merges_runs_of_disjoint_draws_and_refuses_overlaps(
+    tmp_path: Path,
+) -> None:
+    """`benchmarks/robustness.py --merge`: parts run apart report as one run, in draw
+    order; a draw in two parts is an error naming the file, not a silent pick."""
+    import json
+
+    import pytest
+
+    from benchmarks.robustness import merged
+
+    def cells(*indices: int) -> list[dict[str, object]]:
+        return [{"draw": {"index": i}, "sim_wall_s": 1.0} for i in indices]
+
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(cells(1002, 1003)))
+    b.write_text(json.dumps(cells(1000, 1001)))
+    c.write_text(json.dumps(cells(1001)))
+    assert [x["draw"]["index"] for x in merged([a, b])] == [1000, 1001, 1002, 1003]
+    with pytest.raises(SystemExit, match=r"c\.json: draw 1001 is in an earlier file too"):
+        merged([a, b, c])
