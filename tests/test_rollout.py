@@ -498,7 +498,7 @@ def test_an_engine_holds_the_trajectories_it_reserved_for_and_admits_the_rest_af
                 # The long one first, in a batch of its own: were the short ones there
                 # first, the engine would admit each while the others are in tool calls.
                 first = await client.start_rollout(records=long, options=options)
-                while (await first.progress())["started"] < 1:
+                while (await first.progress())["started"] < 1:  # noqa: ASYNC110 (the store)
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(0.5)  # its step reaches the engine (3.8 s of decode)
                 second = await client.start_rollout(records=short, options=options)
