@@ -219,10 +219,12 @@ def merged(paths: list[Path]) -> list[dict[str, Any]]:
     for path in paths:
         try:
             cells = json.loads(path.read_text())
+            indices = [c["draw"]["index"] for c in cells]
         except (OSError, json.JSONDecodeError) as exc:
             sys.exit(f"error: {path}: {exc}")
-        for c in cells:
-            index = c["draw"]["index"]
+        except (TypeError, KeyError):
+            sys.exit(f"error: {path}: not a robustness.json (a list of cells with draw.index)")
+        for index, c in zip(indices, cells, strict=True):
             if index in by_index:
                 sys.exit(f"error: {path}: draw {index} is in an earlier file too")
             by_index[index] = c

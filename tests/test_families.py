@@ -3,8 +3,11 @@ stays inside the model's limits, and its history is of other prompts."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
+
+import pytest
 
 from heddle.families import (
     MAX_GENERATED_TOKENS,
@@ -77,10 +80,6 @@ def test_the_robustness_benchmark_merges_runs_of_disjoint_draws_and_refuses_over
 ) -> None:
     """`benchmarks/robustness.py --merge`: parts run apart report as one run, in draw
     order; a draw in two parts is an error naming the file, not a silent pick."""
-    import json
-
-    import pytest
-
     from benchmarks.robustness import merged
 
     def cells(*indices: int) -> list[dict[str, object]]:
@@ -93,3 +92,7 @@ def test_the_robustness_benchmark_merges_runs_of_disjoint_draws_and_refuses_over
     assert [x["draw"]["index"] for x in merged([a, b])] == [1000, 1001, 1002, 1003]
     with pytest.raises(SystemExit, match=r"c\.json: draw 1001 is in an earlier file too"):
         merged([a, b, c])
+    d = tmp_path / "d.json"
+    d.write_text(json.dumps({"draw": 1}))
+    with pytest.raises(SystemExit, match=r"d\.json: not a robustness\.json"):
+        merged([d])
