@@ -92,6 +92,27 @@ def worker_process(
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+async def wait_for_poller(client: Client, task_queue: str, pid: int) -> None:
+    """Wait until process `pid` polls `task_queue` for workflow tasks: a process that
+    has not started polling yet gets none, so a test about where work runs waits."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        described = await client.workflow_service.describe_task_queue(request)
+        if any(p.identity.startswith(f"{pid}@") for p in described.pollers):
+            return
+        assert time.monotonic() < deadline, f"process {pid} never polled {task_queue}"
+        await asyncio.sleep(0.2)
+
+
 def scheduled_activities(history: Any) -> dict[int, str]:
     """A workflow history's scheduled activities: event id -> activity name."""
     return {

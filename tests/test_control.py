@@ -13,6 +13,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from heddle.client import HeddleClient
+from heddle.queues import trajectories_queue
 from heddle.trace import TraceRecord
 from heddle.types import InstancePlan, PlanChange, RolloutOptions, StepSpec, TrajectorySpec
 from scheduler.plan import (
@@ -28,6 +29,7 @@ from tests.live import (
     kill_process,
     live_client,
     scheduled_activities,
+    wait_for_poller,
     worker_process,
 )
 
@@ -167,7 +169,7 @@ def test_the_control_workflow_continues_as_new_with_its_plan(
 ) -> None:
     from temporalio.client import Client
 
-    from heddle.queues import control_workflow_id, trajectories_queue
+    from heddle.queues import control_workflow_id
     from heddle.types import ControlInput
     from tests.live import SMALL_CLUSTER
     from workflows.control import ClusterControlWorkflow
@@ -308,6 +310,8 @@ def test_the_engine_hosts_scheduler_decides_for_workers_on_other_machines(
                     assert asyncio.get_running_loop().time() < deadline, "no announcement"
                     await asyncio.sleep(0.2)
                 assert (await client.cluster_plan()).scheduler_address.startswith("127.0.0.1:")
+                # Workflow tasks go only to processes already polling for them.
+                await wait_for_poller(client.temporal, trajectories_queue(queue_prefix), other.pid)
                 handle = await client.start_rollout(records=records)
                 report = await asyncio.wait_for(handle.report(), 120)
                 assert report.completed == len(records)

@@ -19,10 +19,11 @@ import pytest
 
 from heddle import search_attributes
 from heddle.client import HeddleClient
+from heddle.queues import trajectories_queue
 from heddle.runtime.stack import ensure_search_attributes, temporal_binary, wait_for_server
 from heddle.workloads import generate
 from tests import netns
-from tests.live import PostgresServer, kill_process, pg_bindir, worker_process
+from tests.live import PostgresServer, kill_process, pg_bindir, wait_for_poller, worker_process
 
 WHY_NOT = netns.available() or ("" if pg_bindir() else "needs Debian's postgresql")
 pytestmark = [
@@ -99,6 +100,8 @@ def test_a_batch_across_hosts_survives_a_worker_cut_off_mid_batch(
                 assert time.monotonic() < deadline, "the engine host never announced itself"
                 await asyncio.sleep(0.3)
             assert plan.scheduler_address.startswith(f"{engines_ip}:")
+            # Workflow tasks go only to processes already polling for them.
+            await wait_for_poller(client.temporal, trajectories_queue(), w1.pid)
             handle = await client.start_rollout(records=records)
             while (await handle.progress())["completed"] < 4:
                 assert time.monotonic() < deadline + 120, "the batch made no progress"
