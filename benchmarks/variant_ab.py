@@ -15,7 +15,9 @@ engines prefilled over those the trace holds (its prompts and tool outputs, once
 what the KV cache's evictions cost.
 
 `--flag queue_by_remaining` is the queue key's measure (docs/benchmarks.md); `--flag
-reserve_kv` the engines' KV reservations.
+reserve_kv` the engines' KV reservations; `--flag kv_overcommit` an engine setting, not
+the policy's: the simulated engines admitting past the reservations (the cluster file's
+`kv_overcommit_per_s`, 0 or 0.0002).
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from scheduler.heddle import HeddleVariant, heddle_policy
 from scheduler.interface import PolicyContext
 from scheduler.registry import learns_from_history
 
+# The engines' settings flipped the same way: the cluster file's field and its value when
+# on (off is 0).
+ENGINE_FLAGS = {"kv_overcommit": ("kv_overcommit_per_s", 0.0002)}
 FLAGS = [f.name for f in dataclasses.fields(HeddleVariant) if f.type in (bool, "bool")]
+FLAGS += list(ENGINE_FLAGS)
 
 
 def run_draw(
@@ -70,6 +76,10 @@ def run_cell(
 ) -> dict[str, Any]:  # fmt: skip
     started = time.perf_counter()
     shape = cluster.shape()
+    flipped_shape = shape
+    if flag in ENGINE_FLAGS:
+        field, on = ENGINE_FLAGS[flag]
+        flipped_shape = dataclasses.replace(shape, **{field: 0.0 if getattr(shape, field) else on})
     new_tokens = sum(s.prompt_tokens + sum(st.tool_output_tokens for st in s.steps)
                      for s in trace)  # fmt: skip
     runs = {}
@@ -78,10 +88,12 @@ def run_cell(
                             tuple(trace), 0)  # fmt: skip
         registered = heddle_variant(name)
         for setting in ("registered", "flipped"):
-            variant = registered
-            if setting == "flipped":
+            variant, engines = registered, shape
+            if setting == "flipped" and flag in ENGINE_FLAGS:
+                engines = flipped_shape
+            elif setting == "flipped":
                 variant = dataclasses.replace(registered, **{flag: not getattr(registered, flag)})
-            result = simulate(trace, heddle_policy(ctx, name, variant), shape)
+            result = simulate(trace, heddle_policy(ctx, name, variant), engines)
             runs[f"{name}/{setting}"] = {
                 "makespan_s": result.makespan_s,
                 "prefill_ratio": result.prefill_tokens / new_tokens,

@@ -48,6 +48,16 @@ class EngineLimits:
     # announced (an agent turn; a trajectory that failed during its tool call), in
     # engine seconds: longer than the tool calls the families draw (timeouts to 60 s).
     session_ttl_s: float = 120.0
+    # Admission past the reservations (additive increase, multiplicative decrease): the
+    # engine admits reservations up to `admission_factor` times its cache; the factor
+    # grows by `overcommit_per_s` an engine second up to `max_overcommit`, and its excess
+    # over 1 halves whenever the engine evicts the cached context of a trajectory it
+    # holds. Forecasts reserve each trajectory's mean context, and whether overcommitting
+    # them pays depends on the workload (an evicted context's re-prefill against the KV
+    # a tool call leaves idle), so the engine measures it instead of fixing a constant.
+    # Off by default (the cluster file's `kv_overcommit_per_s` turns it on).
+    overcommit_per_s: float = 0.0
+    max_overcommit: float = 1.25
 
 
 def modelled_core(
@@ -68,6 +78,7 @@ def modelled_core(
         max_num_batched_tokens=cluster.max_num_batched_tokens,
         policy=policy,
         session_ttl_s=session_ttl_s,
+        overcommit_per_s=cluster.kv_overcommit_per_s,
     )
     return EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost
 
@@ -135,6 +146,7 @@ class EngineCore:
         self.sessions: dict[str, int] = {}
         self.num_reserved_kv_tokens = 0
         self._idle_since: OrderedDict[str, float] = OrderedDict()
+        self.admission_factor = 1.0  # reservations admitted, in caches (EngineLimits)
         self.clock_s = 0.0  # engine time: the sum of its iterations' durations
 
     # ---- requests in and out -------------------------------------------------------
@@ -238,8 +250,20 @@ class EngineCore:
                 self._idle_since[key] = self.clock_s
 
     def _fits(self, request: EngineRequest) -> bool:
+        return self._factor_to_fit(request) <= self.admission_factor
+
+    def _factor_to_fit(self, request: EngineRequest) -> float:
+        """The admission factor at which `request`'s reservation fits beside the held."""
         capacity = self.limits.kv_capacity_tokens
-        return self.num_reserved_kv_tokens + min(request.reserve_kv_tokens, capacity) <= capacity
+        return (self.num_reserved_kv_tokens + min(request.reserve_kv_tokens, capacity)) / capacity
+
+    def _advance_clock(self, duration_s: float) -> None:
+        self.clock_s += duration_s
+        if self.admission_factor < self.limits.max_overcommit:
+            self.admission_factor = min(
+                self.limits.max_overcommit,
+                self.admission_factor + self.limits.overcommit_per_s * duration_s,
+            )
 
     def _expire_idle(self) -> bool:
         """End the sessions idle past the TTL (their trajectory ended unannounced)."""
@@ -285,8 +309,10 @@ class EngineCore:
     def _allocate(self, num_tokens: int) -> bool:
         """Reserve KV for `num_tokens`, evicting cached prefixes (LRU) if needed."""
         while self.kv_free_tokens < num_tokens and self.prefix_cache:
-            _, tokens = self.prefix_cache.popitem(last=False)
+            key, tokens = self.prefix_cache.popitem(last=False)
             self.num_cached_kv_tokens -= tokens
+            if key in self.sessions:  # a held context lost: admit less
+                self.admission_factor = 1.0 + (self.admission_factor - 1.0) / 2
         if self.kv_free_tokens < num_tokens:
             return False
         self.num_running_kv_tokens += num_tokens
@@ -424,7 +450,7 @@ class EngineCore:
             prefill_attended_tokens=prefill_attended / max(out.num_prefill_tokens, 1),
             prefill_cached_tokens=prefill_cached,
         )
-        self.clock_s += out.duration_s
+        self._advance_clock(out.duration_s)
         self._update_from_output(scheduled, out)
         self._check_invariants(scheduled)
         return out
@@ -460,6 +486,23 @@ class EngineCore:
         iterations = min(iterations, kv_room // num_seqs, max_iterations)
         if iterations < 2:
             return None
+        block = self._decode_block_of(iterations)
+        if self.admitting:
+            # The admission factor grows with engine time: the block ends at the
+            # iteration after which the trajectory waiting for room would fit.
+            need = self._factor_to_fit(self.admitting.peek())
+            if need <= limits.max_overcommit and limits.overcommit_per_s > 0:
+                until = block.iterations_done_by(
+                    (need - self.admission_factor) / limits.overcommit_per_s
+                )
+                if until < 2:
+                    return None
+                if until < iterations:
+                    block = self._decode_block_of(until)
+        return block
+
+    def _decode_block_of(self, iterations: int) -> DecodeBlock:
+        num_seqs = len(self.running)
         context = self.num_running_kv_tokens
         first = self._iteration_cost(num_decode_seqs=num_seqs, decode_context_tokens=context)
         last = self._iteration_cost(
@@ -475,7 +518,7 @@ class EngineCore:
         out = StepOutput(duration_s=block.elapsed_s(iterations), num_decode_seqs=block.num_seqs)
         if not self._allocate(iterations * block.num_seqs):
             raise AssertionError("a decode block outgrew the KV cache")
-        self.clock_s += out.duration_s
+        self._advance_clock(out.duration_s)
         for request in list(self.running):
             request.num_computed_tokens += iterations
             request.num_output_tokens += iterations

@@ -69,6 +69,10 @@ class ClusterConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    # Simulated engines: how fast (per modelled second) an instance's admission may grow
+    # past the KV its trajectories reserved (`engines.core.EngineLimits`); 0 keeps it at
+    # the reservations.
+    kv_overcommit_per_s: float = Field(0.0, ge=0.0, le=1.0)
     engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")
@@ -99,6 +103,7 @@ class ClusterConfig(BaseModel):
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_overcommit_per_s=self.kv_overcommit_per_s,
         )
 
     def instance_ids(self) -> list[str]:

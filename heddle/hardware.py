@@ -70,3 +70,4 @@ class ClusterShape:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
+    kv_overcommit_per_s: float = 0.0  # EngineLimits.overcommit_per_s

@@ -20,6 +20,8 @@ def create_core(
     policy: str = "fcfs",
     preemption: bool = True,
     session_ttl_s: float = 120.0,
+    overcommit_per_s: float = EngineLimits.overcommit_per_s,
+    max_overcommit: float = EngineLimits.max_overcommit,
 ) -> EngineCore:
     cost = CostModel.for_names("qwen3-8b", "h100", 1)
     return EngineCore(
@@ -30,6 +32,8 @@ def create_core(
             policy=policy,
             preemption=preemption,
             session_ttl_s=session_ttl_s,
+            overcommit_per_s=overcommit_per_s,
+            max_overcommit=max_overcommit,
         ),
         iteration_cost=cost.iteration_s,
     )

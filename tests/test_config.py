@@ -28,6 +28,7 @@ def test_valid_cluster(tmp_path: Path) -> None:
         ("model: qwen3-8b\nnum_gpus: -1\n", 2, "num_gpus", "greater than or equal"),
         ("model: qwen3-8b\ngpu: h100\nmax_num_seqs: many\n", 3, "max_num_seqs", "integer"),
         ("model: llama\n", 1, "model", "unknown model"),
+        ("kv_overcommit_per_s: -0.1\n", 1, "kv_overcommit_per_s", "greater than or equal"),
         (
             "gpu: h100\nnum_gpus: 4\ndefault_tp: 3\ntp_choices: [1, 3]\n",
             4,

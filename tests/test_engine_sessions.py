@@ -3,7 +3,8 @@ its first step to its last, and a new one waits while the reservations fill the 
 
 from __future__ import annotations
 
-from engines.core import EngineCore
+from engines.core import EngineCore, modelled_core
+from heddle.config import ClusterConfig
 from tests.factories import create_core, request, run_until_done
 
 
@@ -122,3 +123,72 @@ def test_an_aborted_request_leaves_the_admission_queue() -> None:
     assert core.abort("c/0")
     assert not core.admitting
     assert "c/0" not in core
+
+
+def _b_decodes_while_c_waits(**overcommit: float) -> EngineCore:
+    """b holds 6,000 of a 10,000-token cache and decodes long; c needs 5,000 more, so it
+    fits only once the engine admits 1.1 caches of reservations."""
+    core = create_core(kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority", **overcommit)
+    core.add_request(request("b/0", 100, 5000, key="b", reserve=6000))
+    core.add_request(request("c/0", 100, 10, key="c", reserve=5000))
+    return core
+
+
+def test_the_engine_overcommits_its_reservations_as_time_goes_by_without_loss() -> None:
+    core = _b_decodes_while_c_waits(overcommit_per_s=1.0, max_overcommit=1.25)
+    core.step()
+    assert [r.request_id for r in core.admitting] == ["c/0"]
+    while core.admitting:
+        core.step()
+    # Admitted the iteration after the factor reached 1.1: 0.1 engine seconds.
+    assert 0.1 <= core.clock_s < 0.1 + 0.05
+    assert set(core.sessions) == {"b", "c"}
+
+
+def test_without_overcommit_the_reservations_bound_admission() -> None:
+    core = _b_decodes_while_c_waits(overcommit_per_s=0.0)
+    for _ in range(500):
+        core.step()
+    assert [r.request_id for r in core.admitting] == ["c/0"]
+    assert core.admission_factor == 1.0
+
+
+def test_evicting_a_held_context_halves_the_overcommit() -> None:
+    """a is in its tool call, its context cached; b's decode needs the room, so a's
+    prefix goes, and the engine admits less from then on."""
+    core = create_core(
+        kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority", overcommit_per_s=0.0
+    )
+    core.add_request(request("a/0", 4000, 10, key="a", reserve=4000))
+    core.add_request(request("b/0", 100, 9000, key="b", reserve=4000))
+    _until_gone(core, "a/0")
+    core.admission_factor = 1.2  # as growth would have left it
+    while "a" in core.prefix_cache:
+        core.step()
+    assert "a" in core.sessions  # still held: its context was lost in its tool call
+    assert core.admission_factor == 1.1
+
+
+def test_a_decode_block_ends_when_the_overcommit_admits_the_next_trajectory() -> None:
+    """The simulator's fast path must admit c at the same iteration as step-by-step."""
+    stepped = _b_decodes_while_c_waits(overcommit_per_s=0.5)
+    while stepped.admitting:
+        stepped.step()
+    blocked = _b_decodes_while_c_waits(overcommit_per_s=0.5)
+    blocked.step()
+    while blocked.admitting:
+        block = blocked.decode_block()
+        if block is None:
+            blocked.step()
+        else:
+            blocked.advance_decode(block, block.num_iterations)
+    assert blocked.running[0].num_output_tokens == stepped.running[0].num_output_tokens
+    assert abs(blocked.clock_s - stepped.clock_s) < 1e-9 * stepped.clock_s + 1e-12
+
+
+def test_the_cluster_file_sets_the_simulated_engines_overcommit() -> None:
+    cluster = ClusterConfig(num_gpus=8, kv_overcommit_per_s=0.0002).shape()
+    core, _ = modelled_core(cluster, 1, "priority")
+    assert core.limits.overcommit_per_s == 0.0002
+    default, _ = modelled_core(ClusterConfig(num_gpus=8).shape(), 1, "priority")
+    assert default.limits.overcommit_per_s == 0.0  # off unless the file says
