@@ -17,7 +17,8 @@ what the KV cache's evictions cost.
 `--flag queue_by_remaining` is the queue key's measure (docs/benchmarks.md); `--flag
 reserve_kv` the engines' KV reservations; `--flag kv_overcommit` an engine setting, not
 the policy's: the simulated engines admitting past the reservations (the cluster file's
-`kv_overcommit_per_s`, 0 or 0.0002).
+`kv_overcommit_per_s`, 0 or 0.0002); `--flag release_evicted` another (the cluster file's
+`kv_release_evicted`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ from scheduler.registry import learns_from_history
 
 # The engines' settings flipped the same way: the cluster file's field and its value when
 # on (off is 0).
-ENGINE_FLAGS = {"kv_overcommit": ("kv_overcommit_per_s", 0.0002)}
+ENGINE_FLAGS: dict[str, tuple[str, float | bool]] = {
+    "kv_overcommit": ("kv_overcommit_per_s", 0.0002),
+    "release_evicted": ("kv_release_evicted", True),
+}
 FLAGS = [f.name for f in dataclasses.fields(HeddleVariant) if f.type in (bool, "bool")]
 FLAGS += list(ENGINE_FLAGS)
 
@@ -79,7 +83,8 @@ def run_cell(
     flipped_shape = shape
     if flag in ENGINE_FLAGS:
         field, on = ENGINE_FLAGS[flag]
-        flipped_shape = dataclasses.replace(shape, **{field: 0.0 if getattr(shape, field) else on})
+        off = type(on)()  # 0.0 or False
+        flipped_shape = dataclasses.replace(shape, **{field: off if getattr(shape, field) else on})
     new_tokens = sum(s.prompt_tokens + sum(st.tool_output_tokens for st in s.steps)
                      for s in trace)  # fmt: skip
     runs = {}

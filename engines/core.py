@@ -58,6 +58,12 @@ class EngineLimits:
     # Off by default (the cluster file's `kv_overcommit_per_s` turns it on).
     overcommit_per_s: float = 0.0
     max_overcommit: float = 1.25
+    # An instance that evicts the context of a trajectory it holds in a tool call stops
+    # holding it: back from its tool, the trajectory waits for room like a new one. A
+    # forecast that knows nothing yet (a campaign's first batch) reserves each
+    # trajectory about its prompt, the instance takes more than its cache holds, and
+    # without this every context is evicted and prefilled again, turn after turn.
+    release_evicted: bool = False
 
 
 def modelled_core(
@@ -79,6 +85,7 @@ def modelled_core(
         policy=policy,
         session_ttl_s=session_ttl_s,
         overcommit_per_s=cluster.kv_overcommit_per_s,
+        release_evicted=cluster.kv_release_evicted,
     )
     return EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost
 
@@ -313,6 +320,8 @@ class EngineCore:
             self.num_cached_kv_tokens -= tokens
             if key in self.sessions:  # a held context lost: admit less
                 self.admission_factor = 1.0 + (self.admission_factor - 1.0) / 2
+                if self.limits.release_evicted and key in self._idle_since:
+                    self._end_session(key)
         if self.kv_free_tokens < num_tokens:
             return False
         self.num_running_kv_tokens += num_tokens

@@ -73,6 +73,9 @@ class ClusterConfig(BaseModel):
     # past the KV its trajectories reserved (`engines.core.EngineLimits`); 0 keeps it at
     # the reservations.
     kv_overcommit_per_s: float = Field(0.0, ge=0.0, le=1.0)
+    # Simulated engines: an evicted context of a trajectory in its tool call ends its
+    # hold on the instance (`engines.core.EngineLimits.release_evicted`).
+    kv_release_evicted: bool = False
     engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")
@@ -104,6 +107,7 @@ class ClusterConfig(BaseModel):
             max_num_batched_tokens=self.max_num_batched_tokens,
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_overcommit_per_s=self.kv_overcommit_per_s,
+            kv_release_evicted=self.kv_release_evicted,
         )
 
     def instance_ids(self) -> list[str]:

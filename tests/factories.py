@@ -22,6 +22,7 @@ def create_core(
     session_ttl_s: float = 120.0,
     overcommit_per_s: float = EngineLimits.overcommit_per_s,
     max_overcommit: float = EngineLimits.max_overcommit,
+    release_evicted: bool = EngineLimits.release_evicted,
 ) -> EngineCore:
     cost = CostModel.for_names("qwen3-8b", "h100", 1)
     return EngineCore(
@@ -34,6 +35,7 @@ def create_core(
             session_ttl_s=session_ttl_s,
             overcommit_per_s=overcommit_per_s,
             max_overcommit=max_overcommit,
+            release_evicted=release_evicted,
         ),
         iteration_cost=cost.iteration_s,
     )

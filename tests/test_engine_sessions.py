@@ -3,6 +3,8 @@ its first step to its last, and a new one waits while the reservations fill the 
 
 from __future__ import annotations
 
+import pytest
+
 from engines.core import EngineCore, modelled_core
 from heddle.config import ClusterConfig
 from tests.factories import create_core, request, run_until_done
@@ -186,9 +188,29 @@ def test_a_decode_block_ends_when_the_overcommit_admits_the_next_trajectory() ->
     assert abs(blocked.clock_s - stepped.clock_s) < 1e-9 * stepped.clock_s + 1e-12
 
 
-def test_the_cluster_file_sets_the_simulated_engines_overcommit() -> None:
-    cluster = ClusterConfig(num_gpus=8, kv_overcommit_per_s=0.0002).shape()
-    core, _ = modelled_core(cluster, 1, "priority")
+def test_the_cluster_file_sets_the_simulated_engines_overcommit_and_release() -> None:
+    cluster = ClusterConfig(num_gpus=8, kv_overcommit_per_s=0.0002, kv_release_evicted=True)
+    core, _ = modelled_core(cluster.shape(), 1, "priority")
     assert core.limits.overcommit_per_s == 0.0002
+    assert core.limits.release_evicted
     default, _ = modelled_core(ClusterConfig(num_gpus=8).shape(), 1, "priority")
     assert default.limits.overcommit_per_s == 0.0  # off unless the file says
+    assert not default.limits.release_evicted
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_an_evicted_context_in_a_tool_call_ends_the_hold_when_asked(release: bool) -> None:
+    """a was admitted on a small reservation and is in its tool call when b's decode
+    needs its room. Released, a comes back to wait for room like a new trajectory
+    rather than crowd b out again; held, it is scheduled at once."""
+    core = create_core(
+        kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority", release_evicted=release
+    )
+    core.add_request(request("a/0", 4000, 10, key="a", reserve=4000))
+    core.add_request(request("b/0", 100, 9000, key="b", reserve=4000))
+    _until_gone(core, "a/0")
+    while "a" in core.prefix_cache:
+        core.step()
+    assert ("a" in core.sessions) is not release
+    core.add_request(request("a/1", 4060, 10, key="a", reserve=7000))
+    assert [r.request_id for r in core.admitting] == (["a/1"] if release else [])
