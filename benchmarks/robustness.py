@@ -4,6 +4,7 @@ on workloads it was not tuned on?
     python benchmarks/robustness.py [--draws 50] [--first 1000] [--prompts 400]
                                     [--jobs 2] [--oracle] [--out benchmarks/results]
     python benchmarks/robustness.py --merge RUN/robustness.json [...] --out DIR
+    python benchmarks/robustness.py --peers-from RUN/robustness.json [...] [--first ...]
 
 A draw picks a family seed (`heddle.families`: its latent structure is itself drawn), a
 model (Qwen3-8B, 14B or 32B) and a cluster (64 H100, or 16 H200). Its trace is the
@@ -17,9 +18,11 @@ makespan over the lower bound, and the cold start over verl; then the distributi
 each (min, p10, median, p90, max). Draws from `--first 1000` on are held out: nothing
 in the policy was tuned on them (tuning used draws 0-49). `--merge` reports earlier
 runs' draws together, simulating nothing: a machine that cannot run all 50 draws at 6,400
-in one sitting runs them in parts. Exits 1 when a target of issue 30 is missed: heddle
->= the best peer on every draw, median >= 1.3x the best peer and >= 1.8x verl, median
-<= 1.35x the bound, cold start never below verl.
+in one sitting runs them in parts. `--peers-from` re-runs only Heddle's policies (a
+change to Heddle alone), reading the peers' makespans from earlier runs of the same
+draws; verl runs again beside them and must match its stored makespan. Exits 1 when
+a target of issue 30 is missed: heddle >= the best peer on every draw, median >= 1.3x
+the best peer and >= 1.8x verl, median <= 1.35x the bound, cold start never below verl.
 """
 
 from __future__ import annotations
@@ -72,7 +75,12 @@ class Draw:
         return ClusterConfig(model=self.model, gpu=gpu, num_gpus=num_gpus, default_tp=default_tp)
 
 
-def run_draw(draw: Draw, prompts: int, samples: int, oracle: bool) -> dict[str, Any]:
+def run_draw(
+    draw: Draw, prompts: int, samples: int, oracle: bool, stored: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One draw's cell. With `stored` (this draw's cell from an earlier run), the peers'
+    makespans are read from it and only Heddle's policies run again, with verl beside
+    them as the check that the peers would run as they did (`--peers-from`)."""
     started = time.perf_counter()
     trace, history = (
         [r.spec for r in generate_family("random", prompts=prompts, samples=samples,
@@ -80,18 +88,27 @@ def run_draw(draw: Draw, prompts: int, samples: int, oracle: bool) -> dict[str, 
         for it in (1, 0)
     )  # fmt: skip
     cluster = draw.config()
-    policies = [*PEERS, HEDDLE, *(["heddle-oracle"] if oracle else [])]
-    warm = run_bench(trace, cluster, policies, history=history)
+    heddles = [HEDDLE, *(["heddle-oracle"] if oracle else [])]
     cold_policy = policy_without_history(HEDDLE)
-    # Without a history only libra among the peers plans differently (its placement
-    # learns from one); the cold start is held to the best of them as they run then.
-    cold_run = run_bench(trace, cluster, [cold_policy, *LEARNING_PEERS]).results
-    cold = cold_run[cold_policy]
-    makespans = {name: r.makespan_s for name, r in warm.results.items()}
+    if stored is None:
+        warm = run_bench(trace, cluster, [*PEERS, *heddles], history=history)
+        # Without a history only libra among the peers plans differently (its placement
+        # learns from one); the cold start is held to the best of them as they run then.
+        cold_run = run_bench(trace, cluster, [cold_policy, *LEARNING_PEERS]).results
+        cold_s = cold_run[cold_policy].makespan_s
+        makespans = {name: r.makespan_s for name, r in warm.results.items()}
+        cold_peers = {p: (cold_run[p] if p in cold_run else warm.results[p]).makespan_s
+                      for p in PEERS}  # fmt: skip
+    else:
+        warm = run_bench(trace, cluster, [BASELINE, *heddles], history=history)
+        cold_s = run_bench(trace, cluster, [cold_policy]).results[cold_policy].makespan_s
+        makespans = {p: stored["makespan_s"][p] for p in PEERS}
+        makespans |= {name: r.makespan_s for name, r in warm.results.items()}
+        check_stored(draw, stored, len(trace), makespans[BASELINE])
+        # The best peer without a history, as the stored cell recorded it.
+        cold_peers = {stored["cold_best_peer"]: stored["cold_vs_best"] * stored["cold_makespan_s"]}
     best_peer = min(PEERS, key=lambda p: makespans[p])
-    cold_peers = {p: (cold_run[p] if p in cold_run else warm.results[p]).makespan_s
-                  for p in PEERS}  # fmt: skip
-    best_cold_peer = min(PEERS, key=lambda p: cold_peers[p])
+    best_cold_peer = min(cold_peers, key=lambda p: cold_peers[p])
     shape = draw_shape(draw.family_seed)
     return {
         "draw": asdict(draw),
@@ -102,17 +119,33 @@ def run_draw(draw: Draw, prompts: int, samples: int, oracle: bool) -> dict[str, 
         "lower_bound_s": warm.lower_bound["lower_bound_s"],
         "makespan_s": makespans,
         "cold_policy": cold_policy,
-        "cold_makespan_s": cold.makespan_s,
+        "cold_makespan_s": cold_s,
         "best_peer": best_peer,
         "vs_best": makespans[best_peer] / makespans[HEDDLE],
         "vs_verl": makespans[BASELINE] / makespans[HEDDLE],
         "vs_bound": makespans[HEDDLE] / warm.lower_bound["lower_bound_s"],
-        "cold_vs_verl": makespans[BASELINE] / cold.makespan_s,
+        "cold_vs_verl": makespans[BASELINE] / cold_s,
         "cold_best_peer": best_cold_peer,
-        "cold_vs_best": cold_peers[best_cold_peer] / cold.makespan_s,
+        "cold_vs_best": cold_peers[best_cold_peer] / cold_s,
         "oracle_vs_verl": makespans[BASELINE] / makespans["heddle-oracle"] if oracle else None,
         "sim_wall_s": time.perf_counter() - started,
     }
+
+
+def check_stored(draw: Draw, stored: dict[str, Any], trajectories: int, verl_s: float) -> None:
+    """A stored cell stands in for the peers only if it is this draw at this size and
+    verl still runs as it did there: a change that moved the peers fails here."""
+    if stored["draw"] != asdict(draw) or stored["trajectories"] != trajectories:
+        raise ValueError(
+            f"draw {draw.index}: the stored cell is of {stored['draw']} with "
+            f"{stored['trajectories']} trajectories, not {asdict(draw)} with {trajectories}"
+        )
+    was = stored["makespan_s"][BASELINE]
+    if abs(verl_s - was) > 1e-6 * was:
+        raise ValueError(
+            f"draw {draw.index}: verl runs {verl_s:.3f} s where the stored cell has "
+            f"{was:.3f} s: the peers changed, so run them again (no --peers-from)"
+        )
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -188,6 +221,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="report these runs' robustness.json together")  # fmt: skip
+    parser.add_argument("--peers-from", type=Path, nargs="+", metavar="JSON",
+                        help="read the peers' makespans from these runs' robustness.json "
+                        "and run only Heddle's policies (and verl, to check)")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
     if args.merge:
@@ -196,12 +232,21 @@ def main() -> None:
         write(cells, args.out, f"merged; its draws took {cpu_s:.0f} s of one core")
         return
     draws = [Draw.of(i) for i in range(args.first, args.first + args.draws)]
+    stored: dict[int, dict[str, Any]] = {}
+    if args.peers_from:
+        stored = {c["draw"]["index"]: c for c in merged(args.peers_from)}
+        missing = [d.index for d in draws if d.index not in stored]
+        if missing:
+            sys.exit(f"error: --peers-from: no stored cell for draws {missing}")
     cells = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_draw, d, args.prompts, args.samples, args.oracle)
-                   for d in draws]  # fmt: skip
+        futures = [pool.submit(run_draw, d, args.prompts, args.samples, args.oracle,
+                               stored.get(d.index)) for d in draws]  # fmt: skip
         for future in futures:
-            c = future.result()
+            try:
+                c = future.result()
+            except ValueError as exc:
+                sys.exit(f"error: --peers-from: {exc}")
             cells.append(c)
             print(
                 f"draw {c['draw']['index']}: x best {c['vs_best']:.2f} ({c['best_peer']}), "

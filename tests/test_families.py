@@ -96,3 +96,22 @@ def test_the_robustness_benchmark_merges_runs_of_disjoint_draws_and_refuses_over
     d.write_text(json.dumps({"draw": 1}))
     with pytest.raises(SystemExit, match=r"d\.json: not a robustness\.json"):
         merged([d])
+
+
+def test_the_robustness_benchmark_reruns_heddle_alone_against_the_stored_peers() -> None:
+    """`--peers-from`: with a draw's stored cell, only Heddle's policies and verl run,
+    and the cell comes out as the full run's; a stored verl that no longer matches (the
+    peers changed) is refused rather than compared against."""
+    from benchmarks.robustness import Draw, run_draw
+
+    draw = Draw.of(1000)
+    full = run_draw(draw, 3, 4, oracle=True)
+    again = run_draw(draw, 3, 4, oracle=True, stored=full)
+    assert {k: v for k, v in again.items() if k != "sim_wall_s"} == {
+        k: v for k, v in full.items() if k != "sim_wall_s"
+    }
+    moved = {**full, "makespan_s": {**full["makespan_s"], "verl": full["makespan_s"]["verl"] + 1}}
+    with pytest.raises(ValueError, match="the peers changed"):
+        run_draw(draw, 3, 4, oracle=True, stored=moved)
+    with pytest.raises(ValueError, match=r"not .* with 24"):
+        run_draw(draw, 6, 4, oracle=True, stored=full)
