@@ -100,11 +100,12 @@ def run_draw(
         cold_peers = {p: (cold_run[p] if p in cold_run else warm.results[p]).makespan_s
                       for p in PEERS}  # fmt: skip
     else:
+        check_same_draw(draw, stored, len(trace))  # before minutes of simulation
         warm = run_bench(trace, cluster, [BASELINE, *heddles], history=history)
+        check_same_peers(draw, stored, warm.results[BASELINE].makespan_s)
         cold_s = run_bench(trace, cluster, [cold_policy]).results[cold_policy].makespan_s
         makespans = {p: stored["makespan_s"][p] for p in PEERS}
         makespans |= {name: r.makespan_s for name, r in warm.results.items()}
-        check_stored(draw, stored, len(trace), makespans[BASELINE])
         # The best peer without a history, as the stored cell recorded it.
         cold_peers = {stored["cold_best_peer"]: stored["cold_vs_best"] * stored["cold_makespan_s"]}
     best_peer = min(PEERS, key=lambda p: makespans[p])
@@ -132,14 +133,18 @@ def run_draw(
     }
 
 
-def check_stored(draw: Draw, stored: dict[str, Any], trajectories: int, verl_s: float) -> None:
-    """A stored cell stands in for the peers only if it is this draw at this size and
-    verl still runs as it did there: a change that moved the peers fails here."""
+def check_same_draw(draw: Draw, stored: dict[str, Any], trajectories: int) -> None:
+    """A stored cell stands in for the peers only if it is this draw at this size."""
     if stored["draw"] != asdict(draw) or stored["trajectories"] != trajectories:
         raise ValueError(
             f"draw {draw.index}: the stored cell is of {stored['draw']} with "
             f"{stored['trajectories']} trajectories, not {asdict(draw)} with {trajectories}"
         )
+
+
+def check_same_peers(draw: Draw, stored: dict[str, Any], verl_s: float) -> None:
+    """A stored cell stands in for the peers only if verl still runs as it did there: a
+    change that moved the peers fails here."""
     was = stored["makespan_s"][BASELINE]
     if abs(verl_s - was) > 1e-6 * was:
         raise ValueError(

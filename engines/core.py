@@ -266,7 +266,8 @@ class EngineCore:
 
     def _advance_clock(self, duration_s: float) -> None:
         self.clock_s += duration_s
-        if self.admission_factor < self.limits.max_overcommit:
+        # Once per iteration: with overcommit off (the default) the factor stays at 1.
+        if self.limits.overcommit_per_s and self.admission_factor < self.limits.max_overcommit:
             self.admission_factor = min(
                 self.limits.max_overcommit,
                 self.admission_factor + self.limits.overcommit_per_s * duration_s,
