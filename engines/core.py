@@ -63,7 +63,7 @@ class EngineLimits:
     # forecast that knows nothing yet (a campaign's first batch) reserves each
     # trajectory about its prompt, the instance takes more than its cache holds, and
     # without this every context is evicted and prefilled again, turn after turn.
-    release_evicted: bool = False
+    release_evicted: bool = True
 
 
 def modelled_core(

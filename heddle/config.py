@@ -75,7 +75,7 @@ class ClusterConfig(BaseModel):
     kv_overcommit_per_s: float = Field(0.0, ge=0.0, le=1.0)
     # Simulated engines: an evicted context of a trajectory in its tool call ends its
     # hold on the instance (`engines.core.EngineLimits.release_evicted`).
-    kv_release_evicted: bool = False
+    kv_release_evicted: bool = True
     engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")

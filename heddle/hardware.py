@@ -71,4 +71,4 @@ class ClusterShape:
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
     kv_overcommit_per_s: float = 0.0  # EngineLimits.overcommit_per_s
-    kv_release_evicted: bool = False  # EngineLimits.release_evicted
+    kv_release_evicted: bool = True  # EngineLimits.release_evicted

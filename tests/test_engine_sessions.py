@@ -52,8 +52,11 @@ def test_a_reservation_keeps_the_context_of_a_trajectory_in_its_tool_call() -> N
     assert not core.admitting
     assert set(core.sessions) == {"b", "c"}
     assert run_until_done(core)
-    # Neither b's last step nor c's said it ended: both wait out the TTL.
-    assert core.sessions == {"b": 4500, "c": 4500}
+    # Neither b's last step nor c's said it ended, so both looked like tool calls; b's
+    # decode outgrew the cache and evicted c's context, which ends c's hold. b's waits
+    # out the TTL.
+    assert "c" not in core.prefix_cache
+    assert core.sessions == {"b": 4500}
 
 
 def test_a_session_that_never_comes_back_lapses_after_its_ttl() -> None:
@@ -159,7 +162,11 @@ def test_evicting_a_held_context_halves_the_overcommit() -> None:
     """a is in its tool call, its context cached; b's decode needs the room, so a's
     prefix goes, and the engine admits less from then on."""
     core = create_core(
-        kv_capacity_tokens=10_000, max_num_seqs=4, policy="priority", overcommit_per_s=0.0
+        kv_capacity_tokens=10_000,
+        max_num_seqs=4,
+        policy="priority",
+        overcommit_per_s=0.0,
+        release_evicted=False,
     )
     core.add_request(request("a/0", 4000, 10, key="a", reserve=4000))
     core.add_request(request("b/0", 100, 9000, key="b", reserve=4000))
@@ -189,13 +196,13 @@ def test_a_decode_block_ends_when_the_overcommit_admits_the_next_trajectory() ->
 
 
 def test_the_cluster_file_sets_the_simulated_engines_overcommit_and_release() -> None:
-    cluster = ClusterConfig(num_gpus=8, kv_overcommit_per_s=0.0002, kv_release_evicted=True)
+    cluster = ClusterConfig(num_gpus=8, kv_overcommit_per_s=0.0002, kv_release_evicted=False)
     core, _ = modelled_core(cluster.shape(), 1, "priority")
     assert core.limits.overcommit_per_s == 0.0002
-    assert core.limits.release_evicted
+    assert not core.limits.release_evicted
     default, _ = modelled_core(ClusterConfig(num_gpus=8).shape(), 1, "priority")
     assert default.limits.overcommit_per_s == 0.0  # off unless the file says
-    assert not default.limits.release_evicted
+    assert default.limits.release_evicted  # on unless the file says
 
 
 @pytest.mark.parametrize("release", [False, True])
