@@ -63,6 +63,10 @@ PARAMS = {
     "seed": 0,
 }
 NUM_ROUNDS = 200
+# The quantile of remaining tokens an uncertainty-aware rank reads (`upper_rows`): a
+# long trajectory ranked short becomes the batch's tail, a short one ranked long only
+# finishes early, so a rank may lean toward the upper end of what a forecast allows.
+RANK_QUANTILE = 0.9
 # Smearing factors per step index, the last bucket for every later step; fit on
 # `SMEAR_FOLDS` folds of the history's trajectories, each predicted by a model that did
 # not see it (in-sample residuals are narrower than a new iteration's).
@@ -222,8 +226,12 @@ class RemainingPredictor:
         longest: float = math.inf,
         tail: tuple[float, float] | None = None,
         columns: Sequence[int] | None = None,
+        upper: lightgbm.Booster | None = None,
     ) -> None:
         self.booster = booster
+        # A fit of the `RANK_QUANTILE` quantile of the same target, when asked for
+        # (`train(upper=True)`): what the uncertainty allows, for a rank.
+        self.upper = upper
         # The features the fit reads (`used_columns`), as indices into a full row.
         self.columns = np.asarray(
             range(len(FEATURES)) if columns is None else columns, dtype=np.int64
@@ -244,7 +252,12 @@ class RemainingPredictor:
 
     @classmethod
     def train(
-        cls, history: Sequence[TrajectorySpec], *, num_rounds: int = NUM_ROUNDS, seed: int = 0
+        cls,
+        history: Sequence[TrajectorySpec],
+        *,
+        num_rounds: int = NUM_ROUNDS,
+        seed: int = 0,
+        upper: bool = False,
     ) -> RemainingPredictor:
         """Fit on a finished iteration; its prompts' record becomes the prior. `seed`
         drives LightGBM's feature sampling: the fit is deterministic for each.
@@ -254,15 +267,16 @@ class RemainingPredictor:
         (its group's other samples), so a single fit had never seen one missing: on a
         batch of prompts the history does not hold (a campaign drawing from a data set)
         it forecast 37 tokens for first steps whose median was 1,595
-        (docs/notes/issue-30-robustness.md)."""
+        (docs/notes/issue-30-robustness.md). `upper` also fits each one's
+        `RANK_QUANTILE` quantile (`upper_rows`)."""
         if not history:
             raise ValueError("the predictor needs a history of finished trajectories")
         x, y, where = training_rows(history, mid_step=True)
-        predictor = cls._fit(history, x, y, where, num_rounds, seed)
+        predictor = cls._fit(history, x, y, where, num_rounds, seed, upper)
         at = FEATURES.index("prior_mean")
         blind = x.copy()
         blind[:, at : at + 2] = math.nan
-        predictor.without_prior = cls._fit(history, blind, y, where, num_rounds, seed)
+        predictor.without_prior = cls._fit(history, blind, y, where, num_rounds, seed, upper)
         return predictor
 
     @classmethod
@@ -274,15 +288,16 @@ class RemainingPredictor:
         where: Sequence[tuple[int, int]],
         num_rounds: int,
         seed: int,
+        upper: bool = False,
     ) -> RemainingPredictor:
         longest = float(max(s.generated_tokens for s in history))
         params = PARAMS | {"seed": seed}
         columns = used_columns(x)
         names = [FEATURES[c] for c in columns]
 
-        def fit(rows: np.ndarray) -> lightgbm.Booster:
+        def fit(rows: np.ndarray, **objective: Any) -> lightgbm.Booster:
             data = lightgbm.Dataset(x[rows][:, columns], y[rows], feature_name=names)
-            return lightgbm.train(params, data, num_boost_round=num_rounds)
+            return lightgbm.train(params | objective, data, num_boost_round=num_rounds)
 
         fold = np.asarray([t for t, _ in where]) % SMEAR_FOLDS
         every = np.ones(len(y), dtype=bool)
@@ -300,9 +315,11 @@ class RemainingPredictor:
         bucket = np.where(x[:, FEATURES.index("step_made")] > 0, -1, _bucket(x))
         smear = [float(ratio[bucket == b].mean()) if (bucket == b).any() else 1.0
                  for b in range(STEP_BUCKETS)]  # fmt: skip
+        quantile = fit(every, objective="quantile", alpha=RANK_QUANTILE) if upper else None
         return cls(
-            fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y), columns
-        )
+            fit(every), GroupMemory.from_history(history), smear, longest, _tail(x, y),
+            columns, quantile,
+        )  # fmt: skip
 
     def event_row(self, event: TrajectoryView) -> list[float]:
         """The features of an event. Stateless: a trajectory may be shown more than once
@@ -345,9 +362,35 @@ class RemainingPredictor:
                 return out
         return self._predict_rows(rows)
 
+    def upper_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The `RANK_QUANTILE` quantile of each row's remaining tokens, never below the
+        expected count and with the same cap and tail floor: what a rank may assume
+        when a forecast is uncertain. Without the quantile fit, the expected count."""
+        blind = self.without_prior
+        if blind is not None:
+            new = np.isnan(rows[:, FEATURES.index("prior_mean")])
+            if new.any():
+                out = np.empty(len(rows))
+                out[new] = blind.upper_rows(rows[new])
+                if (~new).any():
+                    out[~new] = self._upper_rows(rows[~new])
+                return out
+        return self._upper_rows(rows)
+
+    def _upper_rows(self, rows: np.ndarray) -> np.ndarray:
+        expected = self._predict_rows(rows)
+        if self.upper is None:
+            return expected
+        quantile = np.expm1(self.upper.predict(rows[:, self.columns], num_threads=1))
+        return self._bounded(rows, np.maximum(expected, quantile))
+
     def _predict_rows(self, rows: np.ndarray) -> np.ndarray:
         median = np.exp(self.booster.predict(rows[:, self.columns], num_threads=1))
-        expected = median * self.smear[_bucket(rows)] - 1.0
+        return self._bounded(rows, median * self.smear[_bucket(rows)] - 1.0)
+
+    def _bounded(self, rows: np.ndarray, expected: np.ndarray) -> np.ndarray:
+        """A forecast at least the tail floor and at most what is left of the history's
+        longest total (`__init__`)."""
         if self.tail is not None:
             level, ratio = self.tail
             made = rows[:, FEATURES.index("step_made")]
@@ -357,6 +400,9 @@ class RemainingPredictor:
 
     def predict(self, event: TrajectoryView) -> float:
         return float(self.predict_rows(np.asarray([self.event_row(event)]))[0])
+
+    def predict_upper(self, event: TrajectoryView) -> float:
+        return float(self.upper_rows(np.asarray([self.event_row(event)]))[0])
 
 
 def used_columns(x: np.ndarray) -> list[int]:

@@ -808,3 +808,40 @@ def test_progress_alone_does_not_lower_a_trajectorys_engine_priority() -> None:
     # The engine runs the lowest priority value first.
     assert halfway.priority == started.priority < waiting.priority
     assert halfway.predicted_remaining == 5_000
+
+
+def test_the_upper_quantile_covers_what_the_expected_count_misses() -> None:
+    """A rank that reads `RANK_QUANTILE` of the remaining tokens: on a new iteration
+    it is at least the expected count on every row, and the truth falls at or below it
+    on about that share of rows, where the expected count (a mean of a right-skewed
+    spread) covers far fewer."""
+    history = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=0)]
+    test = [r.spec for r in generate("coding", prompts=200, seed=0, iteration=1)]
+    predictor = RemainingPredictor.train(history, upper=True)
+    x, y, _ = training_rows(test)
+    true = np.expm1(y)
+    expected, upper = predictor.predict_rows(x), predictor.upper_rows(x)
+    assert (upper >= expected).all()
+    covered = float((true <= upper).mean())
+    assert 0.8 < covered < 0.97, covered
+    assert float((true <= expected).mean()) < covered - 0.1
+    assert (RemainingPredictor.train(history).upper_rows(x) == expected).all()
+
+
+def test_a_rank_by_the_upper_quantile_keeps_the_expected_count_for_the_dp() -> None:
+    """`rank_upper` changes the rank key alone: the DP's input stays the mean."""
+    trace = [r.spec for r in generate("coding", prompts=20, seed=0, iteration=1)]
+    history = [r.spec for r in generate("coding", prompts=20, seed=0, iteration=0)]
+    ctx = PolicyContext(ClusterShape(num_gpus=8), tuple(history), tuple(trace), 0)
+    plain = HeddlePlanner.for_context(ctx, HeddleVariant())
+    upper = HeddlePlanner.for_context(ctx, HeddleVariant(rank_upper=True))
+    events = [TrajectoryView.first(s) for s in trace]
+    for planner in (plain, upper):
+        for e in events:
+            planner.forecast.update(e)
+    tids = [e.trajectory_id for e in events]
+    assert [upper.forecast.remaining[t] for t in tids] == [
+        plain.forecast.remaining[t] for t in tids
+    ]
+    assert all(upper.forecast.total(t) >= plain.forecast.total(t) for t in tids)
+    assert any(upper.forecast.total(t) > 1.2 * plain.forecast.total(t) for t in tids)

@@ -76,6 +76,10 @@ class HeddleVariant:
     # Engines admit a trajectory only while the forecast KV of those they hold fits
     # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.
     reserve_kv: bool = True
+    # Rank by the predictor's upper quantile of the remaining tokens, not the expected
+    # count (`LearnedLengths.rank_upper`): a measure of ranking by what the uncertainty
+    # allows (`benchmarks/variant_ab.py --flag rank_upper`).
+    rank_upper: bool = False
 
 
 @dataclass
@@ -175,7 +179,10 @@ def _lengths(ctx: PolicyContext, variant: HeddleVariant, name: str) -> Lengths:
             f"policy {name!r} learns from an earlier iteration: give it a history "
             "(heddle bench --history FILE)"
         )
-    return LearnedLengths(RemainingPredictor.train(ctx.history, seed=ctx.predictor_seed))
+    predictor = RemainingPredictor.train(
+        ctx.history, seed=ctx.predictor_seed, upper=variant.rank_upper
+    )
+    return LearnedLengths(predictor, rank_upper=variant.rank_upper)
 
 
 def heddle_policy(

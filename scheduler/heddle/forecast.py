@@ -21,6 +21,11 @@ class Lengths(Protocol):
 
     def predict(self, event: TrajectoryView) -> float: ...
 
+    def rank_remaining(self, event: TrajectoryView, expected: float) -> float:
+        """The remaining tokens its rank assumes, given the expected count: the
+        expected count itself unless a source knows its uncertainty."""
+        ...
+
     def finished(self, group_id: str, generated_tokens: int) -> None: ...
 
 
@@ -35,6 +40,9 @@ class TrueLengths:
         spec = self.truth[event.trajectory_id]
         return float(max(1, spec.generated_tokens - event.generated_tokens))
 
+    def rank_remaining(self, event: TrajectoryView, expected: float) -> float:
+        return expected
+
     def finished(self, group_id: str, generated_tokens: int) -> None:
         return None
 
@@ -46,9 +54,15 @@ class LearnedLengths:
 
     predictor: RemainingPredictor
     exact: bool = False
+    # Rank by the predictor's upper quantile (`RemainingPredictor.upper_rows`; it must
+    # be trained with `upper=True`), not its expected count.
+    rank_upper: bool = False
 
     def predict(self, event: TrajectoryView) -> float:
         return self.predictor.predict(event)
+
+    def rank_remaining(self, event: TrajectoryView, expected: float) -> float:
+        return self.predictor.predict_upper(event) if self.rank_upper else expected
 
     def finished(self, group_id: str, generated_tokens: int) -> None:
         self.predictor.memory.sibling_finished(group_id, generated_tokens)
@@ -91,7 +105,7 @@ class Forecast:
         # Its mean KV while the rest runs: the context now plus half of what is still to
         # come, generated tokens and the tool outputs that come with them.
         self._context[tid] = event.context_tokens + value * self.context_growth / 2
-        key = value + event.generated_tokens
+        key = self.lengths.rank_remaining(event, value) + event.generated_tokens
         self._key[tid] = key
         bisect.insort(self._active, (-key, tid))
         return value
@@ -148,6 +162,9 @@ class BatchLengths:
         if done:
             return float(max(1.0, sum(done) / len(done) - made, made / 4))
         return float(max(1, made))
+
+    def rank_remaining(self, event: TrajectoryView, expected: float) -> float:
+        return expected
 
     def finished(self, group_id: str, generated_tokens: int) -> None:
         self.siblings.setdefault(group_id, []).append(generated_tokens)
