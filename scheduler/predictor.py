@@ -29,7 +29,7 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,31 +351,29 @@ class RemainingPredictor:
         history's longest total; a trajectory already past it keeps the fit's forecast
         (the cap it was generated under is unknown, not reached). A row whose prompt the
         history does not hold is forecast by the fit made without that record."""
-        blind = self.without_prior
-        if blind is not None:
-            new = np.isnan(rows[:, FEATURES.index("prior_mean")])
-            if new.any():
-                out = np.empty(len(rows))
-                out[new] = blind.predict_rows(rows[new])
-                if (~new).any():
-                    out[~new] = self._predict_rows(rows[~new])
-                return out
-        return self._predict_rows(rows)
+        return self._by_record(rows, RemainingPredictor._predict_rows)
 
     def upper_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `RANK_QUANTILE` quantile of each row's remaining tokens, never below the
         expected count and with the same cap and tail floor: what a rank may assume
         when a forecast is uncertain. Without the quantile fit, the expected count."""
+        return self._by_record(rows, RemainingPredictor._upper_rows)
+
+    def _by_record(
+        self, rows: np.ndarray, forecast: Callable[[RemainingPredictor, np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """`forecast` of each row by this fit, or, for a row whose prompt the history
+        does not hold, by the fit made without that record (`without_prior`)."""
         blind = self.without_prior
         if blind is not None:
             new = np.isnan(rows[:, FEATURES.index("prior_mean")])
             if new.any():
                 out = np.empty(len(rows))
-                out[new] = blind.upper_rows(rows[new])
+                out[new] = forecast(blind, rows[new])
                 if (~new).any():
-                    out[~new] = self._upper_rows(rows[~new])
+                    out[~new] = forecast(self, rows[~new])
                 return out
-        return self._upper_rows(rows)
+        return forecast(self, rows)
 
     def _upper_rows(self, rows: np.ndarray) -> np.ndarray:
         expected = self._predict_rows(rows)
