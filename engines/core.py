@@ -174,6 +174,15 @@ class EngineCore:
             self._idle_since.pop(key, None)
             if request.reserve_kv_tokens:  # re-forecast: the reservation follows
                 self._reserve(key, request.reserve_kv_tokens)
+        elif (
+            request.reserve_kv_tokens
+            and key in self.prefix_cache
+            and self._factor_to_fit(request) <= self.limits.max_overcommit
+        ):
+            # Its context is here already (it moved in, or its hold lapsed while the
+            # context stayed): the hold follows the context, without waiting for room,
+            # up to the overcommit's cap (a cold start's reshaping moves hundreds at once).
+            self._reserve(key, request.reserve_kv_tokens)
         elif request.reserve_kv_tokens:
             self.admitting.push(request)
             return

@@ -98,6 +98,28 @@ def test_a_move_ends_the_session_and_a_new_forecast_resizes_it() -> None:
     assert core.num_reserved_kv_tokens == 0
 
 
+def test_a_trajectory_moved_in_is_held_at_once() -> None:
+    """The hold follows the context: a trajectory whose KV another instance sent here is
+    not new to the batch, so it runs at once where a new one waits for room (made to
+    wait, the policy's move of a long decode onto a full instance stopped it there:
+    paper 32B search seed 2, 280 -> 301 s), up to the overcommit's cap of 1.25 caches
+    (a cold start's reshaping moves hundreds at once: draw 1001 at 800, heddle-cold
+    522 -> 597 s without the cap)."""
+    core = create_core(kv_capacity_tokens=10_000, policy="priority")
+    core.add_request(request("b/0", 100, 5000, key="b", reserve=9000))
+    core.step()
+    core.add_request(request("c/0", 2000, 10, key="c", reserve=2000))
+    assert core.put_prefix("a", 2000)
+    core.add_request(request("a/3", 2000, 10, key="a", reserve=2000))
+    assert core.put_prefix("d", 2000)
+    core.add_request(request("d/5", 2000, 10, key="d", reserve=2000))
+    # c is new, d would take the reservations past 1.25 caches: both wait for room.
+    assert [r.request_id for r in core.admitting] == ["c/0", "d/5"]
+    assert core.sessions == {"b": 9000, "a": 2000}
+    core.step()
+    assert core._by_id["a/3"] in core.running
+
+
 def test_a_reservation_is_at_most_the_cache() -> None:
     core = create_core(kv_capacity_tokens=10_000, policy="priority")
     core.add_request(request("a/0", 1000, 10, key="a", reserve=50_000))
