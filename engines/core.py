@@ -204,6 +204,10 @@ class EngineCore:
         """Requests not running: those waiting for a seat, then those waiting for room."""
         return [*self.waiting, *self.admitting]
 
+    def request(self, request_id: str) -> EngineRequest | None:
+        """A request here, waiting or running."""
+        return self._by_id.get(request_id)
+
     def __contains__(self, request_id: str) -> bool:
         """Whether a request is here, waiting or running."""
         return request_id in self._by_id
@@ -244,6 +248,18 @@ class EngineCore:
         the tokens freed."""
         self._end_session(key)
         return self._cache_take(key)
+
+    def reset_kv(self) -> list[str]:
+        """New weights: every KV the old ones computed is void (vLLM's
+        `pause_generation` then `reset_prefix_cache`; AReaL recomputes an interrupted
+        rollout's KV). Running requests go back to the queue with the tokens they made
+        and prefill their contexts again; the reservations stay. Returns those preempted."""
+        out = StepOutput()
+        for request in list(self.running):
+            self._preempt(request, out)
+        self.prefix_cache.clear()
+        self.num_cached_kv_tokens = 0
+        return out.preempted
 
     # ---- sessions ---------------------------------------------------------------------
     def _reserve(self, key: str, tokens: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ from scheduler.interface import (
 )
 from scheduler.reshape import GpuLayout
 
-ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE = 0, 1, 2, 3, 4, 5
+ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE, CALL = 0, 1, 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class _Trajectory:
     submitted_at: float = 0.0
     ready_at: float = 0.0  # when its tool returned (or 0): no step may start before
     step_offset: int = 0  # tokens of the current step made on instances it moved away from
+    in_tool: bool = False  # its tool call runs: no request of it is anywhere
+    dropped: bool = False  # dropped mid-run (`Simulator.drop`): it ends where it is
 
 
 @dataclass
@@ -77,6 +79,7 @@ class _Instance:
     busy_until: float = 0.0
     running: bool = False  # an iteration or block is in progress
     version: int = 0
+    paused_until: float = 0.0  # new weights load (`Simulator.pause`): no iteration runs
     block: DecodeBlock | None = None
     block_start: float = 0.0
     pending: StepOutput | None = None
@@ -152,6 +155,10 @@ class Simulator:
         self._first_scheduled: dict[str, float] = {}
         self._state_list: list[InstanceState] | None = None
         self._state_pos: dict[str, int] = {}
+        # Called with a trajectory's id as it finishes (not when dropped).
+        self.on_finished: Callable[[str], None] | None = None
+        self._review_pending = False
+        self._stopped = False
 
     def _new_instance(self, ispec: InstanceSpec) -> _Instance:
         core, cost = modelled_core(self.cluster, ispec.tp, self.policy.order.queue)
@@ -166,11 +173,10 @@ class Simulator:
         for tid in self.trajectories:
             self._push(0.0, ARRIVE, tid)
         self._unfinished = len(self.trajectories)
-        if self.policy.reviews:
-            self._push(REVIEW_EVERY_S, REVIEW, None)
+        self._schedule_review(REVIEW_EVERY_S)
         if self.sample_every_s > 0:
             self._push(0.0, SAMPLE, None)
-        while self._heap:
+        while self._heap and not self._stopped:
             t, _, kind, ref = heapq.heappop(self._heap)
             self.now = t
             if kind == ARRIVE:
@@ -183,6 +189,8 @@ class Simulator:
                 self._review()
             elif kind == SAMPLE:
                 self._sample()
+            elif kind == CALL:
+                ref()  # type: ignore[operator]
             else:
                 iid: str
                 version: int
@@ -191,7 +199,7 @@ class Simulator:
                 if inst is not None and version == inst.version:
                     self._wake(inst)
         unfinished = [t.spec.trajectory_id for t in self.trajectories.values() if t.finished_at < 0]
-        if unfinished:
+        if unfinished and not self._stopped:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished trajectories")
         return self._result(time.perf_counter() - started)
 
@@ -239,6 +247,9 @@ class Simulator:
 
     def _arrive(self, tid: str) -> None:
         traj = self.trajectories[tid]
+        traj.in_tool = False
+        if traj.dropped:
+            return  # dropped during its tool call: it ended then
         decision = self.policy.decide(self._event(traj), self._states(), self.now)
         if decision.instance_id not in self.instances:
             raise ValueError(
@@ -278,6 +289,11 @@ class Simulator:
     def _submit(self, tid: str, decision: Decision, migrated_tokens: int) -> None:
         traj = self.trajectories[tid]
         inst = self.instances[decision.instance_id]
+        if traj.dropped:  # dropped while its KV moved here
+            inst.in_flight -= 1
+            self._refresh(inst)
+            self._end_dropped(traj)
+            return
         left: _Instance | None = None
         last = traj.view.previous_instance
         if last != decision.instance_id:
@@ -333,6 +349,10 @@ class Simulator:
         if not inst.core.has_work():
             inst.running = False
             return
+        if now < inst.paused_until:  # loading new weights: start when they are in
+            inst.running = True
+            self._push(inst.paused_until, WAKE, (inst.spec.instance_id, inst.version))
+            return
         inst.running = True
         core = inst.core
         inst.peak_kv_tokens = max(
@@ -374,6 +394,9 @@ class Simulator:
         step = traj.spec.steps[int(index)]
         inst.in_flight -= 1
         self._refresh(inst)
+        if traj.dropped:  # its last iteration was under way when it was dropped
+            self._end_dropped(traj)
+            return
         first = self._first_scheduled.pop(request_id, traj.submitted_at)
         traj.queued_s += first - traj.submitted_at
         if self.step_log is not None:
@@ -395,6 +418,8 @@ class Simulator:
                 tid, traj.spec.group_id, traj.view.generated_tokens, len(traj.spec.steps)
             )
             self._reshape()
+            if self.on_finished is not None:
+                self.on_finished(tid)
             return
         traj.view = traj.view.after_tool(
             step.tool, step.tool_status, step.tool_output_tokens,
@@ -402,7 +427,92 @@ class Simulator:
         )  # fmt: skip
         traj.last_tool_latency_s = step.tool_latency_s
         traj.ready_at = self.now + step.tool_latency_s
+        traj.in_tool = True
         self._push(traj.ready_at, ARRIVE, tid)
+
+    # ---- a campaign's hand on the rollout (`heddle.sim.campaign`) -----------------------
+    def admit(self, trace: Sequence[TrajectorySpec]) -> None:
+        """Start more trajectories now (an asynchronous campaign admits them as its
+        staleness bound allows); the policy sees each at its first step."""
+        for spec in trace:
+            tid = spec.trajectory_id
+            if tid in self.trajectories:
+                raise ValueError(f"trajectory {tid} is already in the rollout")
+            self.trajectories[tid] = _Trajectory(spec, TrajectoryView.first(spec))
+            self._unfinished += 1
+            self._push(self.now, ARRIVE, tid)
+        if trace:
+            self._schedule_review(self.now + REVIEW_EVERY_S)
+
+    def call_at(self, t: float, callback: Callable[[], None]) -> None:
+        """Run `callback` at virtual time `t` (a train step ending, a sync)."""
+        self._push(t, CALL, callback)
+
+    def stop(self) -> None:
+        """End the run now, whatever is still in flight (a campaign's last step is in)."""
+        self._stopped = True
+
+    def tokens_made(self, tid: str) -> int:
+        """Tokens a trajectory has generated so far, its step in progress included up to
+        the instances' last iteration boundary (`pause` cuts blocks there)."""
+        traj = self.trajectories[tid]
+        made = traj.view.generated_tokens + traj.step_offset
+        home = traj.view.previous_instance
+        if traj.finished_at < 0 and not traj.in_tool and home is not None:
+            request = self.instances[home].core.request(f"{tid}#{traj.view.step_index}")
+            if request is not None:
+                made += request.num_output_tokens
+        return made
+
+    def pause(self, duration_s: float) -> None:
+        """New weights into every instance: no iteration runs for `duration_s`, and the
+        KV the old weights computed is void (`EngineCore.reset_kv`), so the steps under
+        way prefill their contexts again and continue under the new weights."""
+        for inst in self.instances.values():
+            self._materialise(inst)
+            inst.paused_until = self.now + duration_s
+            inst.core.reset_kv()
+            self._refresh(inst)
+            if not inst.running:  # a block cut where it began: start (after the load)
+                self._start(inst)
+
+    def drop(self, tid: str) -> None:
+        """End a trajectory where it is (its group is dropped): its request leaves its
+        engine, its KV and reservation are freed, and the policy forgets it."""
+        traj = self.trajectories[tid]
+        if traj.finished_at >= 0 or traj.dropped:
+            return
+        traj.dropped = True
+        home = traj.view.previous_instance
+        if traj.in_tool:
+            self._end_dropped(traj)
+            return
+        if home is not None:
+            inst = self.instances[home]
+            self._materialise(inst)
+            if inst.core.abort(f"{tid}#{traj.view.step_index}"):
+                inst.in_flight -= 1
+                self._refresh(inst)
+                self._end_dropped(traj)
+                if not inst.running:
+                    self._start(inst)
+        # Else it is on its way to an instance, or its last iteration is under way:
+        # `_submit` or `_step_done` ends it.
+
+    def _end_dropped(self, traj: _Trajectory) -> None:
+        tid = traj.spec.trajectory_id
+        traj.finished_at = self.now
+        self._unfinished -= 1
+        home = traj.view.previous_instance
+        if home is not None:
+            inst = self.instances[home]
+            inst.sessions -= 1
+            inst.core.drop_prefix(tid)
+            self._refresh(inst)
+        self.policy.on_trajectory_done(
+            tid, traj.spec.group_id, traj.view.generated_tokens, traj.view.step_index
+        )
+        self._reshape()
 
     # ---- moves of running steps ----------------------------------------------------------
     def _review(self) -> None:
@@ -436,8 +546,14 @@ class Simulator:
                 if tid not in shown or decision.instance_id not in self.instances:
                     raise ValueError(f"policy {self.policy.name} moves {tid} to an unknown place")
                 self._move_running(tid, *shown[tid], decision)
+        self._review_pending = False
         if self._unfinished:
-            self._push(self.now + REVIEW_EVERY_S, REVIEW, None)
+            self._schedule_review(self.now + REVIEW_EVERY_S)
+
+    def _schedule_review(self, at: float) -> None:
+        if self.policy.reviews and not self._review_pending:
+            self._review_pending = True
+            self._push(at, REVIEW, None)
 
     def _move_running(
         self, tid: str, inst: _Instance, request: EngineRequest, decision: Decision
