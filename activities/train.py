@@ -59,7 +59,10 @@ class TrainerActivities:
 
     async def _train(self, request: TrainRequest) -> TrainResult:
         spec = request.spec
-        samples = await asyncio.to_thread(training_batch, self.store, request.batch_id)
+        samples = await asyncio.to_thread(
+            training_batch, self.store, request.batch_id, request.oldest_version,
+            spec.on_stale,
+        )  # fmt: skip
         micro_batch = [0]
         config = GrpoConfig(lr=spec.lr, micro_batch=spec.micro_batch)
         step = request.start.step + 1

@@ -39,6 +39,13 @@ class CampaignSpec:
     # Continue as new after this many iterations, so a campaign of hundreds never nears
     # Temporal's history limits.
     iterations_per_run: int = 10
+    # Asynchronous with bounded staleness: up to this many batches roll out ahead of the
+    # one being trained, so a step learns from tokens at most this many versions old
+    # (`heddle.staleness`). 0: synchronous, each rollout after the step before it.
+    max_staleness: int = 0
+    # A trajectory with tokens older than the bound: "partial" keeps them as context
+    # out of the loss; "drop" leaves its whole group out of the step.
+    on_stale: str = "partial"
 
 
 @dataclass
@@ -87,6 +94,14 @@ class TrainRequest:
     spec: CampaignSpec
     start: CheckpointRef
     batch_id: str
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version whose tokens this step learns from; None: every
+        token (a synchronous campaign, or one whose engines keep the base weights)."""
+        if not self.spec.max_staleness or not self.spec.sync_weights:
+            return None
+        return self.start.step - self.spec.max_staleness
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from heddle.config import BatchSpec
 from heddle.history import load_history
 from heddle.queues import campaign_workflow_id, control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
+from heddle.staleness import ON_STALE
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.tasks import Task, agent_records, load_tasks
@@ -225,6 +226,10 @@ class HeddleClient:
                 raise ValueError(f"{name} must be >= 1, got {getattr(spec, name)}")
         if not spec.name or "/" in spec.name:
             raise ValueError(f"a campaign name is non-empty without '/', got {spec.name!r}")
+        if spec.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {spec.max_staleness}")
+        if spec.on_stale not in ON_STALE:
+            raise ValueError(f"on_stale must be one of {list(ON_STALE)}, got {spec.on_stale!r}")
         task_list: list[Task] = []
         if spec.mode == "agent":
             if tasks is None or not spec.model_path:

@@ -40,8 +40,11 @@ class TrainingSample:
         return dataclasses.asdict(self)
 
 
-def assemble(turns: list[TurnRecord]) -> tuple[list[int], list[float], list[int]]:
-    """Token ids, aligned log-probs and the loss mask of a trajectory's turns."""
+def assemble(
+    turns: list[TurnRecord], oldest_version: int | None = None
+) -> tuple[list[int], list[float], list[int]]:
+    """Token ids, aligned log-probs and the loss mask of a trajectory's turns; a turn
+    sampled by a version older than `oldest_version` is context only (mask 0)."""
     ids: list[int] = []
     logprobs: list[float] = []
     mask: list[int] = []
@@ -53,7 +56,8 @@ def assemble(turns: list[TurnRecord]) -> tuple[list[int], list[float], list[int]
             )
         ids += turn.input_ids + turn.output_ids
         logprobs += [0.0] * len(turn.input_ids) + turn.output_logprobs
-        mask += [0] * len(turn.input_ids) + [1] * len(turn.output_ids)
+        trained = oldest_version is None or turn.weight_version >= oldest_version
+        mask += [0] * len(turn.input_ids) + [int(trained)] * len(turn.output_ids)
     return ids, logprobs, mask
 
 
@@ -72,21 +76,35 @@ def group_advantages(rewards: dict[str, tuple[str, float]]) -> dict[str, float]:
     }
 
 
-def training_batch(store: TrajectoryStore, batch_id: str) -> list[TrainingSample]:
+def training_batch(
+    store: TrajectoryStore,
+    batch_id: str,
+    oldest_version: int | None = None,
+    on_stale: str = "partial",
+) -> list[TrainingSample]:
     """The completed trajectories of a batch that have turns, ready for a trainer. A
     failed trajectory, or one without a reward, is left out, and its group's advantages
-    are taken over the rest."""
+    are taken over the rest. Turns sampled by a version older than `oldest_version` (an
+    asynchronous campaign's bound) stay as context out of the loss ("partial"), or their
+    trajectory's whole group is left out ("drop")."""
     turns = store.load_turns(batch_id)
     rows = [
         r
         for r in store.list_trajectories(batch_id, status="completed", limit=10**9)
         if r["trajectory_id"] in turns and r["reward"] is not None
     ]
+    if oldest_version is not None and on_stale == "drop":
+        stale = {
+            r["group_id"]
+            for r in rows
+            if any(t.weight_version < oldest_version for t in turns[r["trajectory_id"]])
+        }
+        rows = [r for r in rows if r["group_id"] not in stale]
     advantages = group_advantages({r["trajectory_id"]: (r["group_id"], r["reward"]) for r in rows})
     samples = []
     for r in rows:
         tid = r["trajectory_id"]
-        ids, logprobs, mask = assemble(turns[tid])
+        ids, logprobs, mask = assemble(turns[tid], oldest_version)
         sample = TrainingSample(
             trajectory_id=tid,
             group_id=r["group_id"],

@@ -5,6 +5,7 @@ a stopped one resumes where it stopped, with no batch made twice."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,8 +40,9 @@ def test_draws_cover_each_epoch_once_in_a_seeded_order() -> None:
 
 
 def _spec(
-    name: str, root: Path, iterations: int, per_run: int = 10, policy: str = "verl"
-) -> CampaignSpec:
+    name: str, root: Path, iterations: int, per_run: int = 10, policy: str = "verl",
+    max_staleness: int = 0,
+) -> CampaignSpec:  # fmt: skip
     return CampaignSpec(
         name=name,
         mode="simulated",
@@ -51,6 +53,7 @@ def _spec(
         checkpoint_root=str(root / name),
         options=RolloutOptions(policy=policy),
         iterations_per_run=per_run,
+        max_staleness=max_staleness,
     )
 
 
@@ -95,6 +98,53 @@ def test_a_simulated_campaign_runs_its_iterations_through_continue_as_new(
             assert await heddle.list_campaigns() == ["sim"]
             with pytest.raises(ValueError, match="already exists"):
                 await heddle.start_campaign(_spec("sim", tmp_path, 3))
+
+    asyncio.run(run())
+
+
+def test_an_asynchronous_campaign_rolls_out_ahead_within_its_bound(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """With a staleness bound of 1 the next batch rolls out while the one before it
+    trains and syncs, never more than one version ahead; the pipeline drains before
+    continue-as-new, and every iteration is recorded once, in order."""
+
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            spec = _spec("ahead", tmp_path, 4, per_run=2, max_staleness=1)
+            handle = await heddle.start_campaign(spec)
+            state = await asyncio.wait_for(handle.result(), 240)
+            assert state.phase == "done"
+            assert state.iteration == state.policy_version == 4
+            assert (await handle.describe()).run_id != handle.first_execution_run_id
+            rows = await heddle.campaign_iterations("ahead")
+            assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+            # The rollout of iteration i began on version i - 1 (ahead by one) or i.
+            lags = [r["iteration"] - r["policy_version"] for r in rows]
+            assert all(0 <= lag <= 1 for lag in lags)
+            # Each run's second batch began before its first was trained: it overlapped.
+            assert lags == [0, 1, 0, 1]
+            batches = {b["batch_id"]: b for b in await heddle.list_batches()}
+            for first, second in ((0, 1), (2, 3)):
+                assert batches[f"ahead-it{second:04d}"]["created_at"] < rows[first]["finished_at"]
+            assert len([b for b in batches if b.startswith("ahead-")]) == 4
+
+    asyncio.run(run())
+
+
+def test_bad_staleness_is_refused_before_anything_starts(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            with pytest.raises(ValueError, match="max_staleness"):
+                await heddle.start_campaign(_spec("neg", tmp_path, 2, max_staleness=-1))
+            bad = dataclasses.replace(_spec("odd", tmp_path, 2), on_stale="keep")
+            with pytest.raises(ValueError, match="on_stale"):
+                await heddle.start_campaign(bad)
+            assert not [
+                b for b in await heddle.list_batches() if b["batch_id"][:3] in ("neg", "odd")
+            ]
 
     asyncio.run(run())
 

@@ -66,6 +66,25 @@ def test_training_batch_aligns_tokens_logprobs_and_mask(store_url: str) -> None:
     assert samples["d"].advantage == samples["e"].advantage == 0.0  # equal rewards
 
 
+def test_turns_older_than_the_staleness_bound_leave_the_loss(store_url: str) -> None:
+    """An asynchronous campaign's step from version 2 with a bound of 1 learns from
+    versions 1 and 2: a version-0 turn stays as context ("partial"), or its trajectory's
+    group leaves the step ("drop")."""
+    store = _store_batch(store_url)
+    for tid in ("d", "e"):  # group g1 sampled wholly by version 1
+        store.write([TurnRecord("b1", tid, 0, [1, 2, 3], [10, 11], [-0.5, -0.25], 1, "tool_call")])
+    partial = {s.trajectory_id: s for s in training_batch(store, "b1", oldest_version=1)}
+    assert sorted(partial) == ["a", "b", "c", "d", "e"]
+    assert partial["b"].token_ids == [1, 2, 3, 10, 11, 4, 5, 12, 13, 14]
+    assert partial["b"].loss_mask == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+    assert partial["d"].loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+    dropped = training_batch(store, "b1", oldest_version=1, on_stale="drop")
+    assert sorted(s.trajectory_id for s in dropped) == ["d", "e"]
+    assert [s.advantage for s in dropped] == [0.0, 0.0]  # g1's rewards are equal
+    everything = training_batch(store, "b1", oldest_version=0, on_stale="drop")
+    assert len(everything) == 5
+
+
 def test_advantages_and_a_turn_without_its_logprobs() -> None:
     adv = group_advantages({"x": ("g", 1.0), "y": ("g", 0.0), "z": ("h", 3.0)})
     assert adv["x"] == pytest.approx(1.0, abs=1e-5)

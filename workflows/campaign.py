@@ -15,11 +15,13 @@ batch the predictor was fitted on. The workflow continues as new every
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.workflow import ParentClosePolicy
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
@@ -47,6 +49,10 @@ SYNC_HEARTBEAT = timedelta(seconds=30)
 PREPARE_TIMEOUT = timedelta(minutes=10)
 # Campaigns started before this sync their engines to step 0 only after iteration 0.
 START_SYNC_PATCH = "campaign-start-sync"
+
+
+# A batch rolling out ahead: what it drew, its rollout, and the policy version it began on.
+_Rolling = tuple[IterationBatch, ChildWorkflowHandle[Any, BatchReport], int]
 
 
 @workflow.defn(name="TrainingCampaignWorkflow")
@@ -82,10 +88,13 @@ class TrainingCampaignWorkflow:
                 st.phase = "sync"
                 await self._sync(st.checkpoint, spec.options.queue_prefix)
         self._upsert(spec.name)
-        for _ in range(spec.iterations_per_run):
-            if st.iteration >= spec.iterations or self._stop:
-                break
-            await self._iteration(inp)
+        if spec.max_staleness:
+            await self._pipelined(inp, min(spec.iterations, st.iteration + spec.iterations_per_run))
+        else:
+            for _ in range(spec.iterations_per_run):
+                if st.iteration >= spec.iterations or self._stop:
+                    break
+                await self._iteration(inp)
         if st.iteration < spec.iterations and not self._stop:
             st.phase = "continuing"
             workflow.continue_as_new(CampaignInput(spec, st))
@@ -103,9 +112,64 @@ class TrainingCampaignWorkflow:
             result_type=float,
         )
 
+    async def _pipelined(self, inp: CampaignInput, run_end: int) -> None:
+        """Asynchronous: batch j starts once steps up to j - S are committed, so up to S
+        batches roll out while the one before them trains and syncs, and every token a
+        step learns from is at most S versions old (the trainer leaves older ones out:
+        `TrainRequest.oldest_version`). The pipeline drains before continue-as-new, so no
+        rollout is in flight across runs."""
+        spec, st = inp.spec, self._state
+        rolling: deque[_Rolling] = deque()
+        started = st.iteration
+        while st.iteration < run_end:
+            while (
+                not self._stop
+                and started < run_end
+                and started - st.iteration <= spec.max_staleness
+            ):
+                rolling.append(await self._start_rollout(inp, started, rolling))
+                started += 1
+            if not rolling:
+                break  # stopped
+            opened, handle, began_on = rolling.popleft()
+            st.phase, st.open_batch = "rollout", opened.batch_id
+            report: BatchReport = await handle
+            await self._train_and_record(inp, opened, report, began_on)
+
+    async def _start_rollout(
+        self,
+        inp: CampaignInput,
+        iteration: int,
+        rolling: deque[_Rolling],
+    ) -> _Rolling:
+        """Open iteration `iteration`'s batch and start its rollout. Its draw leaves out
+        the tasks of the batches still rolling, as if they were trained on already."""
+        spec, st = inp.spec, self._state
+        consumed, epoch = list(st.consumed_task_ids), st.epoch
+        for earlier, _, _ in rolling:
+            if earlier.epoch != epoch:
+                consumed, epoch = [], earlier.epoch
+            consumed += earlier.task_ids
+        opened: IterationBatch = await workflow.execute_activity(
+            names.OPEN_ITERATION,
+            OpenIteration(spec, iteration, consumed, epoch),
+            start_to_close_timeout=policy.STORE_TIMEOUT,
+            retry_policy=policy.STORE_RETRY,
+            result_type=IterationBatch,
+        )
+        handle = await workflow.start_child_workflow(
+            RolloutBatchWorkflow.run,
+            BatchInput(opened.batch_id, opened.num_trajectories, opened.options),
+            id=opened.batch_id,
+            task_queue=trajectories_queue(spec.options.queue_prefix),
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+            static_summary=f"{spec.name}: iteration {iteration}",
+        )
+        return opened, handle, st.policy_version
+
     async def _iteration(self, inp: CampaignInput) -> None:
         spec, st = inp.spec, self._state
-        assert st.checkpoint is not None
         prefix = spec.options.queue_prefix
         st.phase = "rollout"
         opened: IterationBatch = await workflow.execute_activity(
@@ -125,6 +189,15 @@ class TrainingCampaignWorkflow:
             parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             static_summary=f"{spec.name}: iteration {st.iteration}",
         )
+        await self._train_and_record(inp, opened, report, st.policy_version)
+
+    async def _train_and_record(
+        self, inp: CampaignInput, opened: IterationBatch, report: BatchReport, rolled_version: int
+    ) -> None:
+        """The iteration's train step, its commit, the sync and the record."""
+        spec, st = inp.spec, self._state
+        assert st.checkpoint is not None
+        prefix = spec.options.queue_prefix
         st.phase = "train"
         trained: TrainResult = await workflow.execute_activity(
             names.TRAIN_STEP,
@@ -135,7 +208,6 @@ class TrainingCampaignWorkflow:
             result_type=TrainResult,
         )
         # The commit: from here the iteration's tasks are trained on.
-        rolled_version = st.policy_version
         if opened.epoch != st.epoch:
             st.epoch, st.consumed_task_ids = opened.epoch, []
         st.consumed_task_ids = [*st.consumed_task_ids, *opened.task_ids]

@@ -110,6 +110,20 @@ def start(
     policy: str = "verl",
     sync: Annotated[bool, typer.Option(help="Sync the new weights to the engines.")] = True,
     lr: Annotated[float, typer.Option(help="The trainer's AdamW learning rate.")] = 2e-4,
+    max_staleness: Annotated[
+        int,
+        typer.Option(
+            help="Asynchronous: batches that roll out ahead of the one training; a step "
+            "learns only from tokens at most this many versions old. 0: synchronous."
+        ),
+    ] = 0,
+    on_stale: Annotated[
+        str,
+        typer.Option(
+            help="Tokens older than --max-staleness: 'partial' keeps them as context out "
+            "of the loss, 'drop' leaves their group out of the step."
+        ),
+    ] = "partial",
     max_turns: Annotated[int, typer.Option(help="An agent trajectory's model turns.")] = 64,
     max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (agent).")] = 512,
     seed: int = 0,
@@ -140,27 +154,29 @@ def start(
         if task_list is not None and model is None:
             raise ValueError("an agent campaign (--tasks) needs --model DIR")
         cfg = cluster_config(cluster, "vllm" if task_list is not None else None, model)
+        spec = CampaignSpec(
+            name=name,
+            mode="agent" if task_list is not None else "simulated",
+            iterations=iterations,
+            samples=samples,
+            tasks_per_iteration=tasks_per_iteration,
+            seed=seed,
+            options=RolloutOptions(
+                policy=policy,
+                tools="real" if task_list else "replay",
+                max_turns=max_turns,
+                max_tokens_per_turn=max_tokens_per_turn,
+            ),
+            checkpoint_root=str((state_dir / "campaigns" / name).resolve()),
+            model_path=str(Path(model).resolve()) if model else "",
+            sync_weights=sync,
+            lr=lr,
+            workload=workload,
+            max_staleness=max_staleness,
+            on_stale=on_stale,
+        )
     except (InputError, ValueError) as exc:
         raise fail(str(exc)) from None
-    spec = CampaignSpec(
-        name=name,
-        mode="agent" if task_list is not None else "simulated",
-        iterations=iterations,
-        samples=samples,
-        tasks_per_iteration=tasks_per_iteration,
-        seed=seed,
-        options=RolloutOptions(
-            policy=policy,
-            tools="real" if task_list else "replay",
-            max_turns=max_turns,
-            max_tokens_per_turn=max_tokens_per_turn,
-        ),
-        checkpoint_root=str((state_dir / "campaigns" / name).resolve()),
-        model_path=str(Path(model).resolve()) if model else "",
-        sync_weights=sync,
-        lr=lr,
-        workload=workload,
-    )
 
     async def run() -> None:
         url = store_url(store, state_dir)
