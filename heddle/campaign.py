@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heddle.checkpoints import CheckpointRef
+from heddle.staleness import ON_STALE
 from heddle.types import RolloutOptions
 
 MODES = ("agent", "simulated")
@@ -137,6 +138,21 @@ class IterationRecord:
     logprob_gap: float
     checkpoint: str
     finished_at: float
+
+
+def check_spec(spec: CampaignSpec) -> None:
+    """Refuse a campaign its workflow could not run, before anything is stored."""
+    if spec.mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {spec.mode!r}")
+    for name in ("iterations", "samples", "iterations_per_run"):
+        if getattr(spec, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(spec, name)}")
+    if not spec.name or "/" in spec.name:
+        raise ValueError(f"a campaign name is non-empty without '/', got {spec.name!r}")
+    if spec.max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {spec.max_staleness}")
+    if spec.on_stale not in ON_STALE:
+        raise ValueError(f"on_stale must be one of {list(ON_STALE)}, got {spec.on_stale!r}")
 
 
 def campaign_spec(stored: dict[str, Any]) -> CampaignSpec:

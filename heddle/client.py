@@ -20,12 +20,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.campaign import in_start_order
-from heddle.campaign import MODES, CampaignInput, CampaignSpec, CampaignState, campaign_spec
+from heddle.campaign import CampaignInput, CampaignSpec, CampaignState, campaign_spec, check_spec
 from heddle.config import BatchSpec
 from heddle.history import load_history
 from heddle.queues import campaign_workflow_id, control_workflow_id, trajectories_queue
 from heddle.runtime.payloads import DATA_CONVERTER
-from heddle.staleness import ON_STALE
 from heddle.store import TrajectoryStore
 from heddle.store.db import default_url
 from heddle.tasks import Task, agent_records, load_tasks
@@ -219,17 +218,7 @@ class HeddleClient:
         campaign: its id is the name). An agent campaign draws its batches from `tasks`;
         a simulated one generates them from `spec.workload`. Bad input raises before
         anything is stored or started."""
-        if spec.mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {spec.mode!r}")
-        for name in ("iterations", "samples", "iterations_per_run"):
-            if getattr(spec, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(spec, name)}")
-        if not spec.name or "/" in spec.name:
-            raise ValueError(f"a campaign name is non-empty without '/', got {spec.name!r}")
-        if spec.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {spec.max_staleness}")
-        if spec.on_stale not in ON_STALE:
-            raise ValueError(f"on_stale must be one of {list(ON_STALE)}, got {spec.on_stale!r}")
+        check_spec(spec)
         task_list: list[Task] = []
         if spec.mode == "agent":
             if tasks is None or not spec.model_path:

@@ -167,6 +167,10 @@ def test_cli_bad_files_and_values_are_one_error_line(
         (["trace", "import", str(bad), "--format", "llmservingsim",
           "--out", str(tmp_path / "t.jsonl")], f"{bad}:1"),
         (["trace", "import", str(bad), "--format", "parquet"], "parquet"),
+        (["campaign", "start", "c", "--max-staleness", "-1", "--state-dir", str(tmp_path)],
+         "max_staleness"),
+        (["campaign", "start", "c", "--on-stale", "keep", "--state-dir", str(tmp_path)],
+         "on_stale"),
     ]  # fmt: skip
     for argv, names in cases:
         assert names in _cli_error(capsys, argv)

@@ -145,7 +145,7 @@ def start(
     detach: Annotated[bool, typer.Option(help="Start it and return; follow with status.")] = False,
 ) -> None:
     """Start a campaign and follow it; it runs on in its workflow if this command stops."""
-    from heddle.campaign import CampaignSpec
+    from heddle.campaign import CampaignSpec, check_spec
     from heddle.tasks import load_tasks
     from heddle.types import RolloutOptions
 
@@ -175,6 +175,7 @@ def start(
             max_staleness=max_staleness,
             on_stale=on_stale,
         )
+        check_spec(spec)
     except (InputError, ValueError) as exc:
         raise fail(str(exc)) from None
 
