@@ -189,6 +189,19 @@ def train_step_s(
     return 6 * model.num_params * tokens / (num_gpus * gpu.bf16_flops * mfu)
 
 
+# Bytes of training state per parameter a trainer GPU holds its shard of: bf16 weights
+# and gradients, fp32 master weights and Adam's two moments (2 + 2 + 4 + 4 + 4).
+TRAIN_STATE_BYTES_PER_PARAM = 16
+
+
+def train_join_s(model: ModelShape, num_gpus: int) -> float:
+    """An engine's GPUs joining the trainer (Libra's move): the engine sleeps and a
+    trainer process starts in its place (an engine restart's time), then loads its shard
+    of the training state, sharded over `num_gpus`, from host memory."""
+    shard = TRAIN_STATE_BYTES_PER_PARAM * model.num_params / num_gpus
+    return ENGINE_RESTART_S + shard / WEIGHT_RELOAD_BYTES_PER_S
+
+
 def weight_sync_s(model: ModelShape, tp: int) -> float:
     """New weights into an instance: each of its GPUs receives its shard over its own
     link (a broadcast from the trainer across nodes), then a setup cost."""

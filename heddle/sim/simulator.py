@@ -652,6 +652,7 @@ class Simulator:
                     "busy_s": i.busy_s,
                     "kv_capacity_tokens": i.core.limits.kv_capacity_tokens,
                     "peak_kv_tokens": i.peak_kv_tokens,
+                    "retired": iid not in self.instances,  # its GPUs went to a wider one
                 }
                 for iid, i in everyone.items()
             ],
