@@ -15,7 +15,8 @@ Both run iterations 1..N (iteration 0 is the history), so neither pays a cold st
 
     python benchmarks/async_campaign.py [--iterations 4] [--staleness 1]
                                         [--splits 40,48] [--modes partial,drop]
-                                        [--policies verl,autellix,heddle] [--jobs 2]
+                                        [--policies verl,autellix,heddle] [--keep-kv]
+                                        [--jobs 2]
 
 Prints per policy the time of N train steps, synchronous and each asynchronous setting,
 their ratio (above 1: asynchronous is faster), the steady step interval (the mean
@@ -49,7 +50,7 @@ GPUS = 64
 
 def run_async(
     policy: str, rollout_gpus: int, staleness: int, on_stale: str, workload: str, seed: int,
-    prompts: int, samples: int, iterations: int,
+    prompts: int, samples: int, iterations: int, keep_kv: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     started = time.perf_counter()
     shape = ClusterConfig(model=MODEL, gpu="h100", num_gpus=rollout_gpus, default_tp=1).shape()
@@ -65,12 +66,14 @@ def run_async(
     result = simulate_async_campaign(
         batches, create_policy(policy, ctx), shape, trainer_gpus=GPUS - rollout_gpus,
         bound=StalenessBound(staleness, batch, batch, on_stale), iterations=iterations,
+        keep_kv=keep_kv,
     )  # fmt: skip
     commits = [s.committed_s for s in result.steps]
     generated = sum(s.generated_tokens for s in result.steps)
     return {
         "policy": policy,
-        "setting": f"async {rollout_gpus}+{GPUS - rollout_gpus} S={staleness} {on_stale}",
+        "setting": f"async {rollout_gpus}+{GPUS - rollout_gpus} S={staleness} {on_stale}"
+        + (" keep-kv" if keep_kv else ""),
         "total_s": result.total_s,
         "steady_step_s": (commits[-1] - commits[0]) / (len(commits) - 1) if len(commits) > 1 else 0,
         "generated_tokens": generated,
@@ -98,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument(
+        "--keep-kv", action="store_true", help="a sync keeps the KV the old weights made"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         async_futures = [
-            pool.submit(run_async, p, r, args.staleness, m, *data, args.iterations)
+            pool.submit(run_async, p, r, args.staleness, m, *data, args.iterations, args.keep_kv)
             for p in policies for r in splits for m in modes
         ]  # fmt: skip
         sync_futures = [
@@ -138,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             "max_staleness": 0,
             "prefill_tokens": None,
         })  # fmt: skip
+    command = " ".join(["python benchmarks/async_campaign.py", *(argv or sys.argv[1:])])
     head = (
+        f"Command: {command}\n\n"
         f"{MODEL}, {GPUS} H100, {args.workload}, {args.prompts} prompts x {args.samples} "
         f"samples, seed {args.seed}, {args.iterations} train steps (iterations 1..N, "
         f"iteration 0 the history); seconds of cluster time"
