@@ -76,11 +76,13 @@ class AsyncCampaign:
         trainer_gpus: int,
         bound: StalenessBound,
         iterations: int,
+        keep_kv: bool = False,
     ) -> None:
         if trainer_gpus < 1:
             raise ValueError("an asynchronous campaign needs GPUs of its own to train on")
         self.bound = bound
         self.iterations = iterations
+        self.keep_kv = keep_kv  # a sync keeps the old weights' KV (`Simulator.pause`)
         self.trainer_gpus = trainer_gpus
         self.model = MODELS[rollout_shape.model]
         self.gpu = GPUS[rollout_shape.gpu]
@@ -199,7 +201,7 @@ class AsyncCampaign:
         floor = self.bound.oldest_trainable(step)
         versions = [v for sp in spans for v, n in sp if n and v >= floor]
         sync_s = max(weight_sync_s(self.model, i.spec.tp) for i in self.sim.instances.values())
-        self.sim.pause(sync_s)
+        self.sim.pause(sync_s, void_kv=not self.keep_kv)
         for tid, traj in self.sim.trajectories.items():
             if traj.finished_at < 0:
                 self._record(tid)
@@ -252,10 +254,11 @@ def simulate_async_campaign(
     trainer_gpus: int,
     bound: StalenessBound,
     iterations: int,
+    keep_kv: bool = False,
 ) -> AsyncCampaignResult:
     """Run `iterations` train steps of an asynchronous campaign over `batches` (the data,
     in order; more than `iterations` of them, since the rollout runs ahead)."""
     return AsyncCampaign(
         batches=batches, policy=policy, rollout_shape=rollout_shape,
-        trainer_gpus=trainer_gpus, bound=bound, iterations=iterations,
+        trainer_gpus=trainer_gpus, bound=bound, iterations=iterations, keep_kv=keep_kv,
     ).run()  # fmt: skip

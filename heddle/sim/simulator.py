@@ -464,14 +464,17 @@ class Simulator:
                 made += request.num_output_tokens
         return made
 
-    def pause(self, duration_s: float) -> None:
+    def pause(self, duration_s: float, void_kv: bool = True) -> None:
         """New weights into every instance: no iteration runs for `duration_s`, and the
         KV the old weights computed is void (`EngineCore.reset_kv`), so the steps under
-        way prefill their contexts again and continue under the new weights."""
+        way prefill their contexts again and continue under the new weights. With
+        `void_kv` off the KV is kept (vLLM's `pause_generation(mode="keep")` without a
+        cache reset): the new weights continue from the old weights' KV."""
         for inst in self.instances.values():
             self._materialise(inst)
             inst.paused_until = self.now + duration_s
-            inst.core.reset_kv()
+            if void_kv:
+                inst.core.reset_kv()
             self._refresh(inst)
             if not inst.running:  # a block cut where it began: start (after the load)
                 self._start(inst)
