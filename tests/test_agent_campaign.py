@@ -145,3 +145,70 @@ def test_an_agent_campaign_survives_its_trainer_killed_mid_step_and_mid_sync(
                 assert (Path(again.path) / name).read_bytes() == made, (step, name)
     finally:
         store.close()
+
+
+@pytest.mark.timeout(2700)
+def test_an_asynchronous_agent_campaign_trains_no_token_older_than_its_bound(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """With `max_staleness=1` the next batch rolls out while the step before it trains
+    and syncs: its turns carry the version they were sampled by (some the one before the
+    step that trains them), and the trainer's batch leaves none of them out, since none
+    is more than one version old."""
+    require_vllm()
+    from heddle.checkpoints import base_checkpoint
+    from heddle.training import training_batch
+
+    vllm_env(tmp_path)
+    root = tmp_path / "ckpt"
+    step0 = base_checkpoint(agent_model(), root)
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    prefix = f"a{uuid.uuid4().hex[:8]}-"
+    log = tmp_path / "worker.log"
+    iterations = 3
+    spec = CampaignSpec(
+        name="ahead",
+        mode="agent",
+        iterations=iterations,
+        samples=4,
+        tasks_per_iteration=4,
+        checkpoint_root=str(root),
+        model_path=str(agent_model()),
+        lr=2e-3,
+        seed=5,
+        max_staleness=1,
+        options=RolloutOptions(
+            policy="verl", tools="real", max_turns=3, max_tokens=1024, max_tokens_per_turn=64
+        ),
+    )
+    worker = campaign_worker(temporal_address, store_url, prefix, log, step0.path)
+
+    async def run() -> None:
+        heddle = await HeddleClient.connect(
+            temporal_address, store_url=store_url, queue_prefix=prefix
+        )
+        async with heddle:
+            handle = await heddle.start_campaign(spec, tasks=load_tasks(FILE))
+            state = await asyncio.wait_for(handle.result(), 900)
+            assert state.phase == "done"
+            assert state.policy_version == iterations
+            assert len(state.consumed_task_ids) == len(set(state.consumed_task_ids)) == 12
+
+    try:
+        worker.wait_up({"i0": 1, "i1": 1})
+        asyncio.run(run())
+    finally:
+        kill_process(worker.proc)
+    store = TrajectoryStore.open(store_url)
+    try:
+        behind = 0
+        for step in range(iterations):  # batch `step` is trained from version `step`
+            batch = f"ahead-it{step:04d}"
+            versions = {t.weight_version for ts in store.load_turns(batch).values() for t in ts}
+            assert versions <= {step - 1, step}, (batch, versions)
+            behind += (step - 1) in versions
+            kept = training_batch(store, batch, oldest_version=step - 1, on_stale="drop")
+            assert len(kept) == len(training_batch(store, batch))
+        assert behind > 0  # a rollout ran ahead of the step before it
+    finally:
+        store.close()
