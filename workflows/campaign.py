@@ -11,6 +11,10 @@ re-plans the split through the control workflow as it starts (`workflows/batch.p
 the next iteration's rollout is where "retrain, re-plan" happens; the state names the
 batch the predictor was fitted on. The workflow continues as new every
 `iterations_per_run` iterations, carrying its state.
+
+With `max_staleness` S above 0 the campaign is asynchronous: up to S later batches roll
+out while one trains and syncs (`_pipelined`), each drawing the tasks the batches still
+rolling did not, and the trainer leaves out tokens more than S versions old.
 """
 
 from __future__ import annotations
