@@ -84,6 +84,7 @@ def run_cell(
         "libra_train_s": tail.train_after_rollout_s,
         "libra_iteration_s": result.makespan_s + tail.train_after_rollout_s + sync,
         "libra_gpus_moved": tail.gpus_moved,
+        "libra_refilled": tail.refilled,
         "tps": sorted(tps),
         "reconfigurations": result.reconfigurations,
         "migrations": result.migrations,
@@ -126,15 +127,16 @@ def summarise(
         "With Libra's lever (the tail's idle engines train on the finished trajectories):",
         "",
         "| policy | campaign, fixed (s) | with the tail training (s) | fixed / with | "
-        "train left after the rollout, mean (s) | GPUs moved, mean |",
-        "|---|---:|---:|---:|---:|---:|",
+        "train left after the rollout, mean (s) | GPUs moved, mean | instances refilled |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for p in policies:
         cells_p = [by[p, i] for i in range(iterations)]
         lines.append(
             f"| {p} | {totals[p]:.0f} | {libra[p]:.0f} | {totals[p] / libra[p]:.3f} | "
             f"{sum(c['libra_train_s'] for c in cells_p) / iterations:.0f} | "
-            f"{sum(c['libra_gpus_moved'] for c in cells_p) / iterations:.0f} |"
+            f"{sum(c['libra_gpus_moved'] for c in cells_p) / iterations:.0f} | "
+            f"{sum(c['libra_refilled'] for c in cells_p)} |"
         )
     return "\n".join(lines), {"totals_s": totals, "best_peer": best, "libra_totals_s": libra}
 

@@ -63,3 +63,8 @@ def test_a_simulated_rollout_leaves_less_training_for_after() -> None:
     assert 0 < tail.gpus_moved <= 8
     assert tail.tokens_before_end > 0
     assert tail.train_after_rollout_s < fixed
+    # verl keeps each trajectory where it started: an engine empty in the tail stays so,
+    # and moving it as it empties (an online rule) is the move measured here.
+    assert tail.refilled == 0
+    emptied = [i for i in result.instances if float(i["emptied_at"]) >= 0]  # type: ignore[arg-type]
+    assert emptied

@@ -3,10 +3,13 @@ move to training, and train on the trajectories already finished while the rest 
 
 A GPU moves once its instance has run its last iteration of the batch (the schedule as it
 ran, so no step loses a GPU it would have used), plus the time to join the trainer
-(`engines.costmodel.train_join_s`). From then on the trainer works through the finished
-trajectories' tokens at its GPUs' rate, gradients accumulating; when the rollout ends
-every GPU joins for what is left, and the optimizer step and sync follow as before. The
-step is the same, on the same data: only when its work is done moves.
+(`engines.costmodel.train_join_s`). An online rule moves an engine when it first holds no
+trajectory after every trajectory has started; that is the same moment unless a
+trajectory comes to it again later, which `refilled` counts. From then on the trainer
+works through the finished trajectories' tokens at its GPUs' rate, gradients
+accumulating; when the rollout ends every GPU joins for what is left, and the optimizer
+step and sync follow as before. The step is the same, on the same data: only when its
+work is done moves.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class TailTraining:
     train_after_rollout_s: float  # the train step's time left when the rollout ends
     tokens_before_end: int  # tokens trained on the tail's GPUs during the rollout
     gpus_moved: int
+    # Instances that held no trajectory in the tail and later got one again (a migration
+    # in): a rule moving an engine as it empties would have moved these too early.
+    refilled: int
 
 
 def tail_training(
@@ -66,4 +72,5 @@ def tail_training(
         train_after_rollout_s=(total - trained) / (num_gpus * per_gpu),
         tokens_before_end=round(trained),
         gpus_moved=sum(tp for _, tp in releases),
+        refilled=sum(1 for i in result.instances if not i.get("retired") and i.get("refilled")),
     )

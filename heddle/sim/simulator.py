@@ -86,6 +86,10 @@ class _Instance:
     busy_s: float = 0.0
     in_flight: int = 0
     sessions: int = 0
+    # When it first held no trajectory after every trajectory had started (the rollout's
+    # tail; -1: never), and how often one came to it after that (Libra's lever).
+    emptied_at: float = -1.0
+    refilled: int = 0
     peak_kv_tokens: int = 0
     intervals: list[list[float]] = field(default_factory=list)
 
@@ -173,6 +177,7 @@ class Simulator:
         for tid in self.trajectories:
             self._push(0.0, ARRIVE, tid)
         self._unfinished = len(self.trajectories)
+        self._unstarted = len(self.trajectories)
         self._schedule_review(REVIEW_EVERY_S)
         if self.sample_every_s > 0:
             self._push(0.0, SAMPLE, None)
@@ -248,8 +253,10 @@ class Simulator:
     def _arrive(self, tid: str) -> None:
         traj = self.trajectories[tid]
         traj.in_tool = False
-        if traj.dropped:
-            return  # dropped during its tool call: it ended then
+        if traj.dropped:  # dropped in its tool call (it ended then) or before its first step
+            if traj.finished_at < 0:
+                self._end_dropped(traj)
+            return
         decision = self.policy.decide(self._event(traj), self._states(), self.now)
         if decision.instance_id not in self.instances:
             raise ValueError(
@@ -301,8 +308,16 @@ class Simulator:
                 left = self.instances[last]
                 left.sessions -= 1
                 self._refresh(left)
+                self._mark_empty(left)
             inst.sessions += 1
+            if inst.emptied_at >= 0:
+                inst.refilled += 1
             traj.view = traj.view.on(decision.instance_id)
+            if last is None:
+                self._unstarted -= 1
+                if not self._unstarted:
+                    for other in self.instances.values():
+                        self._mark_empty(other)
         self._materialise(inst)
         if migrated_tokens:
             inst.core.put_prefix(tid, migrated_tokens)
@@ -414,6 +429,7 @@ class Simulator:
             self._unfinished -= 1
             inst.sessions -= 1
             self._refresh(inst)
+            self._mark_empty(inst)
             self.policy.on_trajectory_done(
                 tid, traj.spec.group_id, traj.view.generated_tokens, len(traj.spec.steps)
             )
@@ -430,6 +446,11 @@ class Simulator:
         traj.in_tool = True
         self._push(traj.ready_at, ARRIVE, tid)
 
+    def _mark_empty(self, inst: _Instance) -> None:
+        """Note when an instance first holds nothing in the rollout's tail."""
+        if not self._unstarted and not inst.sessions and inst.emptied_at < 0:
+            inst.emptied_at = self.now
+
     # ---- a campaign's hand on the rollout (`heddle.sim.campaign`) -----------------------
     def admit(self, trace: Sequence[TrajectorySpec]) -> None:
         """Start more trajectories now (an asynchronous campaign admits them as its
@@ -440,6 +461,7 @@ class Simulator:
                 raise ValueError(f"trajectory {tid} is already in the rollout")
             self.trajectories[tid] = _Trajectory(spec, TrajectoryView.first(spec))
             self._unfinished += 1
+            self._unstarted += 1
             self._push(self.now, ARRIVE, tid)
         if trace:
             self._schedule_review(self.now + REVIEW_EVERY_S)
@@ -499,8 +521,8 @@ class Simulator:
                 self._end_dropped(traj)
                 if not inst.running:
                     self._start(inst)
-        # Else it is on its way to an instance, or its last iteration is under way:
-        # `_submit` or `_step_done` ends it.
+        # Else it is on its way to an instance, its last iteration is under way, or its
+        # first step is yet to arrive: `_submit`, `_step_done` or `_arrive` ends it.
 
     def _end_dropped(self, traj: _Trajectory) -> None:
         tid = traj.spec.trajectory_id
@@ -512,6 +534,7 @@ class Simulator:
             inst.sessions -= 1
             inst.core.drop_prefix(tid)
             self._refresh(inst)
+            self._mark_empty(inst)
         self.policy.on_trajectory_done(
             tid, traj.spec.group_id, traj.view.generated_tokens, traj.view.step_index
         )
@@ -656,6 +679,8 @@ class Simulator:
                     "kv_capacity_tokens": i.core.limits.kv_capacity_tokens,
                     "peak_kv_tokens": i.peak_kv_tokens,
                     "retired": iid not in self.instances,  # its GPUs went to a wider one
+                    "emptied_at": i.emptied_at,
+                    "refilled": i.refilled,
                 }
                 for iid, i in everyone.items()
             ],
