@@ -167,7 +167,7 @@ def test_an_asynchronous_agent_campaign_trains_no_token_older_than_its_bound(
     log = tmp_path / "worker.log"
     iterations = 3
     spec = CampaignSpec(
-        name="ahead",
+        name="vllm-ahead",
         mode="agent",
         iterations=iterations,
         samples=4,
@@ -203,7 +203,7 @@ def test_an_asynchronous_agent_campaign_trains_no_token_older_than_its_bound(
     try:
         behind = 0
         for step in range(iterations):  # batch `step` is trained from version `step`
-            batch = f"ahead-it{step:04d}"
+            batch = f"vllm-ahead-it{step:04d}"
             versions = {t.weight_version for ts in store.load_turns(batch).values() for t in ts}
             assert versions <= {step - 1, step}, (batch, versions)
             behind += (step - 1) in versions
