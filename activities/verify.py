@@ -106,7 +106,9 @@ async def score_unit_tests(v: Verifier, text: str, sandbox: PythonSandbox) -> Ve
         f"_sys_{nonce}.stdout = {keep}",
         f"print({nonce!r})",
     ])  # fmt: skip
-    limited = dataclasses.replace(sandbox, timeout_s=v.timeout_s, cpu_s=max(1, int(v.timeout_s)))
+    # The CPU cap a second past the clock's: a busy loop is stopped by the clock and
+    # reported as timed out, not by whichever of the two limits its start-up lets win.
+    limited = dataclasses.replace(sandbox, timeout_s=v.timeout_s, cpu_s=int(v.timeout_s) + 1)
     run = await limited.run(program)
     if run.status == "timeout":
         return Verdict(0.0, f"the tests timed out after {v.timeout_s:g} s")
