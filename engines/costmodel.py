@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from heddle.hardware import BYTES_PER_PARAM, GPUS, MODELS, ClusterShape, GPUSpec, ModelShape
+from heddle.hardware import (
+    BYTES_PER_PARAM,
+    GPUS,
+    MODELS,
+    ClusterShape,
+    GPUSpec,
+    ModelShape,
+    Speculation,
+)
 
 # Achievable fractions of peak. Batch-1 decode of Llama-3.1-8B in vLLM runs at about 77%
 # of the HBM roofline (J. Musgrave's A100 sweep, see ITERATION_OVERHEAD_S); large
@@ -46,6 +54,14 @@ MIGRATION_SETUP_S = 5e-3
 # per GPU), plus engine restart (process start, CUDA graph capture): ~20 s for vLLM.
 WEIGHT_RELOAD_BYTES_PER_S = 25e9
 ENGINE_RESTART_S = 20.0
+# Drafting from a suffix tree, per decoding request per step, on the host: arctic-inference
+# 0.3.0's `speculate` plus appending the step's token, 8.7 + 3.1 us over a tree of 2,000
+# earlier responses of 2,000 tokens (`python benchmarks/suffix_draft_cost.py`, this
+# machine's CPU).
+DRAFT_S_PER_SEQ = 12e-6
+# The context a request is assumed to decode at when an instance's speculation threshold
+# is set (`CostModel.speculation_max_batch`): a few turns into an agentic trajectory.
+SPECULATION_REFERENCE_CONTEXT = 8192
 
 
 @dataclass(frozen=True)
@@ -126,22 +142,64 @@ class CostModel:
         num_prefill_tokens: int = 0,
         prefill_attended_tokens: float = 0.0,
         prefill_cached_tokens: int = 0,
+        draft_tokens: int = 0,
     ) -> float:
         """One engine iteration: `num_decode_seqs` decode tokens whose KV totals
         `decode_context_tokens`, plus `num_prefill_tokens` prefill tokens that each attend
         to `prefill_attended_tokens` on average (earlier context plus half their own
-        chunk) and read `prefill_cached_tokens` of cached KV in all."""
-        num_tokens = num_decode_seqs + num_prefill_tokens
+        chunk) and read `prefill_cached_tokens` of cached KV in all. With `draft_tokens`,
+        each decoding request verifies that many drafted tokens besides its own in the
+        same pass: its KV is read once, but every position is computed and attends to
+        the context (and the drafts are made on the host first)."""
+        positions = 1 + draft_tokens
+        num_tokens = num_decode_seqs * positions + num_prefill_tokens
         if num_tokens == 0:
             return 0.0
         t = self.terms
         mem_s = (
             t.mem_base_s + (decode_context_tokens + prefill_cached_tokens) * t.mem_per_kv_token_s
         )
-        attended = decode_context_tokens + num_prefill_tokens * prefill_attended_tokens
+        attended = decode_context_tokens * positions + num_prefill_tokens * prefill_attended_tokens
         compute_s = num_tokens * t.compute_per_token_s + attended * t.compute_per_attended_s
         allreduce_s = t.allreduce_base_s + num_tokens * t.allreduce_per_token_s
-        return max(mem_s, compute_s) + allreduce_s + t.overhead_s
+        draft_s = num_decode_seqs * DRAFT_S_PER_SEQ if draft_tokens else 0.0
+        return max(mem_s, compute_s) + allreduce_s + t.overhead_s + draft_s
+
+    def speculative_decode_s(
+        self, spec: Speculation, *, num_decode_seqs: int, decode_context_tokens: int
+    ) -> float:
+        """A decode iteration's time per token made under `spec`: one verify pass,
+        charged over the tokens it makes on average (a fluid model: the engine core
+        advances one token an iteration, so each iteration costs its share of a pass)."""
+        verify_s = self.iteration_s(
+            num_decode_seqs=num_decode_seqs,
+            decode_context_tokens=decode_context_tokens,
+            draft_tokens=spec.draft_tokens,
+        )
+        return verify_s / spec.tokens_per_verify
+
+    def speculation_max_batch(
+        self, spec: Speculation, max_num_seqs: int, context_tokens: int = 0
+    ) -> int:
+        """The largest decode batch at which speculating pays on this instance: a verify
+        pass's time per token made below a plain iteration's, with every request at
+        `context_tokens` (default SPECULATION_REFERENCE_CONTEXT). A small batch is memory
+        bound, so the drafts' positions ride on the weight and KV reads for free; a large
+        one (its KV no more than the cache holds) is compute bound and pays for every
+        rejected position. 0: it never pays."""
+        if spec.max_batch is not None:
+            return min(spec.max_batch, max_num_seqs)
+        context = context_tokens or SPECULATION_REFERENCE_CONTEXT
+        best = 0
+        for batch in range(1, max_num_seqs + 1):
+            kv = min(batch * context, self.kv_capacity_tokens)  # a full cache at most
+            plain = self.iteration_s(num_decode_seqs=batch, decode_context_tokens=kv)
+            spec_s = self.speculative_decode_s(
+                spec, num_decode_seqs=batch, decode_context_tokens=kv
+            )
+            if spec_s < plain:
+                best = batch
+        return best
 
     def decode_token_s(self, batch_size: int = 1, context_tokens: int = 1024) -> float:
         """Per-token latency of a decode iteration at `batch_size`, each with `context_tokens`."""

@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from engines.request import EngineRequest, Sampling
 from engines.simulated import EngineResult
+from heddle.hardware import Speculation
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,29 @@ class VllmSettings:
     use_gpus: bool = False  # Ray placement groups reserve GPUs (TP of them) or a CPU
     nice: int | None = None  # the engine processes' niceness; None: 10 on CPU, else 0
     weight_version: int = 0  # of the weights at model_path (a campaign's train step)
+    speculation: Speculation | None = None
+    # (tp, the largest decode batch that speculates) per instance shape: where the cost
+    # model says it pays on the cluster's GPUs (`CostModel.speculation_max_batch`).
+    speculation_max_batch: tuple[tuple[int, int], ...] = ()
+
+    def speculative_config(self, tp: int) -> dict[str, Any] | None:
+        """vLLM's `speculative_config` for a TP-`tp` instance: drafts only while it
+        decodes at most the batch where they pay (vLLM's dynamic schedule drafts 0
+        tokens above it), or None where they never pay."""
+        spec = self.speculation
+        if spec is None:
+            return None
+        limit = min(dict(self.speculation_max_batch).get(tp, self.max_num_seqs), self.max_num_seqs)
+        if limit <= 0:
+            return None
+        k = spec.draft_tokens
+        config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": k}
+        if limit < self.max_num_seqs:
+            config["num_speculative_tokens_per_batch_size"] = [
+                (1, limit, k),
+                (limit + 1, self.max_num_seqs, 0),
+            ]
+        return config
 
     def engine_args(self, tp: int) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -82,6 +106,7 @@ class VllmSettings:
             scheduling_policy=self.scheduling_policy,
             enforce_eager=self.enforce_eager,
             disable_log_stats=False,
+            speculative_config=self.speculative_config(tp),
         )
 
 
@@ -281,6 +306,9 @@ class LocalVllm:
         self._llm: Any = None
         self.kv_usage = 0.0  # fraction of the KV cache in use, as vLLM last reported it
         self.weight_version = settings.weight_version  # of the weights loaded
+        # Speculation so far: tokens drafted, and of those the engine accepted.
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
 
     @property
     def is_healthy(self) -> bool:
@@ -305,6 +333,10 @@ class LocalVllm:
             ) -> None:
                 if scheduler_stats is not None:
                     owner.kv_usage = float(scheduler_stats.kv_cache_usage)
+                    drafts = scheduler_stats.spec_decoding_stats
+                    if drafts is not None:
+                        owner.draft_tokens += drafts.num_draft_tokens
+                        owner.accepted_tokens += drafts.num_accepted_tokens
 
             def log_engine_initialized(self) -> None:
                 pass

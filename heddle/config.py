@@ -7,6 +7,7 @@ name the file, the line and the field.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -14,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heddle.errors import ConfigError
-from heddle.hardware import GPUS, MODELS, ClusterShape
+from heddle.hardware import GPUS, MODELS, ClusterShape, Speculation
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -56,6 +57,28 @@ class EngineConfig(BaseModel):
         return self
 
 
+class SpeculationConfig(BaseModel):
+    """Speculative decoding on every instance (`heddle.hardware.Speculation`): vLLM's
+    `suffix` method (a suffix tree of earlier trajectories; needs the arctic-inference
+    package) or `ngram` (the request's own context). Simulated engines take `acceptance`
+    as the workload's; `max_batch` left out is where the cost model says it pays."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["suffix", "ngram"] = "suffix"
+    draft_tokens: int = Field(4, ge=1, le=32)
+    acceptance: float = Field(0.5, ge=0.0, le=1.0)
+    max_batch: int | None = Field(None, ge=0)
+
+    def shape(self) -> Speculation:
+        return Speculation(
+            method=self.method,
+            draft_tokens=self.draft_tokens,
+            acceptance=self.acceptance,
+            max_batch=self.max_batch,
+        )
+
+
 class ClusterConfig(BaseModel):
     """The GPUs a rollout runs on and how the engines on them are shaped."""
 
@@ -76,6 +99,7 @@ class ClusterConfig(BaseModel):
     # Simulated engines: an evicted context of a trajectory in its tool call ends its
     # hold on the instance (`engines.core.EngineLimits.release_evicted`).
     kv_release_evicted: bool = True
+    speculation: SpeculationConfig | None = None
     engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")
@@ -93,6 +117,18 @@ class ClusterConfig(BaseModel):
             raise ValueError(
                 f"num_gpus: {self.num_gpus} GPUs do not divide into TP-{self.default_tp} instances"
             )
+        spec = self.speculation
+        if (
+            spec is not None
+            and spec.method == "suffix"
+            and self.engine.kind == "vllm"
+            and importlib.util.find_spec("arctic_inference") is None
+        ):
+            raise ValueError(
+                "speculation.method: vLLM's suffix method needs the arctic-inference "
+                "package (built from source as the Makefile's real-engine set-up does); "
+                "`ngram` needs nothing"
+            )
         return self
 
     def shape(self) -> ClusterShape:
@@ -108,6 +144,7 @@ class ClusterConfig(BaseModel):
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_overcommit_per_s=self.kv_overcommit_per_s,
             kv_release_evicted=self.kv_release_evicted,
+            speculation=self.speculation.shape() if self.speculation else None,
         )
 
     def instance_ids(self) -> list[str]:

@@ -57,6 +57,29 @@ GPUS: dict[str, GPUSpec] = {
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding on every instance (WAR's low-load lever): each decoding
+    request drafts `draft_tokens` tokens per step (from a suffix tree of earlier
+    trajectories, or n-grams of its own context) and the engine verifies them in one
+    pass. `acceptance` is the chance each drafted token is accepted, given the ones
+    before it were: the cost model's only guess about the workload (vLLM measures it).
+    `max_batch`: speculate only while an instance decodes at most this many requests
+    (None: where the cost model says it pays, per instance shape)."""
+
+    method: str = "suffix"  # vLLM's speculative method: "suffix" or "ngram"
+    draft_tokens: int = 4
+    acceptance: float = 0.5
+    max_batch: int | None = None
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens a verify pass makes on average: the accepted run of drafts plus the
+        token the pass samples itself, (1 - a^(k+1)) / (1 - a)."""
+        a, k = self.acceptance, self.draft_tokens
+        return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
 class ClusterShape:
     """The cluster as the policies, the simulator and the engines see it, built once from
     the cluster file (`ClusterConfig.shape`): every reader takes this one value, so no
@@ -72,3 +95,4 @@ class ClusterShape:
     gpu_memory_utilization: float = 0.9
     kv_overcommit_per_s: float = 0.0  # EngineLimits.overcommit_per_s
     kv_release_evicted: bool = True  # EngineLimits.release_evicted
+    speculation: Speculation | None = None  # off unless the cluster file asks

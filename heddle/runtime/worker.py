@@ -24,6 +24,7 @@ from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from activities.train import TrainerActivities
+from engines.costmodel import CostModel
 from engines.pool import EnginePool, EngineShape
 from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle import metrics
@@ -84,6 +85,14 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
     if engine.kind != "vllm":
         return None
     assert engine.model_path is not None  # the config checked it
+    shape = cluster.shape()
+    spec = shape.speculation
+    spec_limits: list[tuple[int, int]] = []
+    if spec is not None:
+        for tp in shape.tp_choices:
+            cost = CostModel.of(shape, tp)
+            if cost.kv_capacity_tokens > 0:
+                spec_limits.append((tp, cost.speculation_max_batch(spec, shape.max_num_seqs)))
     return VllmSettings(
         model_path=engine.model_path,
         max_model_len=engine.max_model_len,
@@ -93,6 +102,8 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
         enforce_eager=engine.enforce_eager,
         use_gpus=engine.use_gpus,
         nice=engine.nice,
+        speculation=spec,
+        speculation_max_batch=tuple(spec_limits),
     )
 
 

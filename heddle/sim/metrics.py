@@ -31,6 +31,8 @@ class SimResult:
     # Tokens the engines prefilled: the trace's prompts and tool outputs once each, plus
     # every context recomputed after its cached prefix was evicted or moved.
     prefill_tokens: int = 0
+    # Generated tokens made by verify passes of drafts (the cluster's `speculation`).
+    speculated_tokens: int = 0
 
     @property
     def throughput_tok_s(self) -> float:
@@ -47,6 +49,7 @@ class SimResult:
             "migration_s": self.migration_s,
             "recomputed_moves": self.recomputed_moves,
             "prefill_tokens": self.prefill_tokens,
+            "speculated_tokens": self.speculated_tokens,
             "reconfigurations": self.reconfigurations,
             "reconfiguration_s": self.reconfiguration_s,
             "gpu_busy_frac": self.gpu_busy_frac,

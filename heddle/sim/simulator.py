@@ -155,6 +155,7 @@ class Simulator:
         self.migration_s = 0.0
         self.recomputed_moves = 0
         self.prefill_tokens = 0
+        self.speculated_tokens = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
         self._state_list: list[InstanceState] | None = None
@@ -399,6 +400,8 @@ class Simulator:
         else:
             out = inst.pending or StepOutput()
         inst.pending = None
+        if out.speculated:
+            self.speculated_tokens += sum(out.advanced.values())
         for rid in out.finished:
             self._step_done(inst, rid)
         self._start(inst)
@@ -666,6 +669,7 @@ class Simulator:
             migration_s=self.migration_s,
             recomputed_moves=self.recomputed_moves,
             prefill_tokens=self.prefill_tokens,
+            speculated_tokens=self.speculated_tokens,
             reconfigurations=self.reconfigurations,
             reconfiguration_s=self.reconfiguration_s,
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
