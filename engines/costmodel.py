@@ -56,8 +56,8 @@ WEIGHT_RELOAD_BYTES_PER_S = 25e9
 ENGINE_RESTART_S = 20.0
 # Drafting from a suffix tree, per decoding request per step, on the host: arctic-inference
 # 0.3.0's `speculate` plus appending the step's token, 8.7 + 3.1 us over a tree of 2,000
-# earlier responses of 2,000 tokens (`python benchmarks/suffix_draft_cost.py`, this
-# machine's CPU).
+# earlier responses of 2,000 tokens (`python benchmarks/suffix_draft_cost.py` on this
+# machine's idle CPU; 21 us with two simulations running beside it).
 DRAFT_S_PER_SEQ = 12e-6
 # The context a request is assumed to decode at when an instance's speculation threshold
 # is set (`CostModel.speculation_max_batch`): a few turns into an agentic trajectory.

@@ -1,0 +1,151 @@
+"""Suffix speculation (issue 31, WAR's lever) on the robustness benchmark's random draws
+and on the paper setting: each policy's rollout with and without speculative decoding,
+at several acceptance rates (the one thing the cost model must be told about a workload;
+vLLM measures it live).
+
+    python benchmarks/speculation.py [--first 1000] [--draws 10] [--prompts 50]
+                                     [--policies verl,war,heddle] [--acceptance 0.3,0.5,0.7]
+                                     [--paper] [--jobs 2]
+
+Each instance speculates while it decodes at most the batch where the cost model says a
+verify pass pays on its shape (`CostModel.speculation_max_batch`, 4 drafted tokens). Per
+draw and policy it prints the plain makespan and, per acceptance, the plain over the
+speculative makespan (above 1: speculation pays) and the share of tokens made by verify
+passes; then each (policy, acceptance)'s spread, and heddle with speculation over the
+best peer with it. `--paper` runs the paper setting's nine cells (64 H100, seed 0)
+instead of random draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from paper_setting import MODELS as PAPER_MODELS  # this folder's siblings
+from paper_setting import WORKLOADS, paper_traces
+from robustness import Draw
+
+from heddle.bench import run_bench
+from heddle.config import ClusterConfig, SpeculationConfig
+from heddle.families import generate_family
+from heddle.types import TrajectorySpec
+
+
+def _traces(key: str, prompts: int, samples: int) -> tuple[list[TrajectorySpec], ...]:
+    if key.startswith("draw"):
+        seed = Draw.of(int(key[4:])).family_seed
+        return tuple(
+            [r.spec for r in generate_family("random", prompts=prompts, samples=samples,
+                                             seed=seed, iteration=it)]
+            for it in (1, 0)
+        )  # fmt: skip
+    _, workload = key.split("/")
+    return paper_traces(workload, 0, prompts, samples)
+
+
+def _cluster(key: str) -> ClusterConfig:
+    if key.startswith("draw"):
+        return Draw.of(int(key[4:])).config()
+    model, _ = key.split("/")
+    return ClusterConfig(model=model, gpu="h100", num_gpus=64, default_tp=PAPER_MODELS[model])
+
+
+def run_case(
+    key: str, acceptance: float | None, policies: list[str], prompts: int, samples: int
+) -> dict[str, Any]:
+    """One draw (or paper cell) at one acceptance (None: no speculation)."""
+    started = time.perf_counter()
+    trace, history = _traces(key, prompts, samples)
+    cluster = _cluster(key)
+    if acceptance is not None:
+        cluster = cluster.model_copy(
+            update={"speculation": SpeculationConfig(acceptance=acceptance)}
+        )
+    bench = run_bench(trace, cluster, policies, history=history)
+    return {
+        "key": key,
+        "acceptance": acceptance,
+        "makespan_s": {p: r.makespan_s for p, r in bench.results.items()},
+        "speculated": {
+            p: r.speculated_tokens / r.generated_tokens for p, r in bench.results.items()
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--first", type=int, default=1000)
+    ap.add_argument("--draws", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--policies", default="verl,war,heddle")
+    ap.add_argument("--acceptance", default="0.3,0.5,0.7")
+    ap.add_argument("--paper", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    policies = args.policies.split(",")
+    rates = [float(a) for a in args.acceptance.split(",")]
+    if args.paper:
+        keys = [f"{m}/{w}" for m in PAPER_MODELS for w in WORKLOADS]
+    else:
+        keys = [f"draw{i}" for i in range(args.first, args.first + args.draws)]
+    cases = [(k, a) for k in keys for a in (None, *rates)]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {
+            case: pool.submit(run_case, *case, policies, args.prompts, args.samples)
+            for case in cases
+        }
+        done = {case: f.result() for case, f in futures.items()}
+
+    head = " | ".join(f"plain / a={a} (share)" for a in rates)
+    print(f"| case | policy | plain (s) | {head} |")
+    print("|---|---|---:|" + "---:|" * len(rates))
+    gains: dict[tuple[str, float], list[float]] = {}
+    leads: dict[float, list[float]] = {a: [] for a in (0.0, *rates)}
+    for key in keys:
+        plain = done[(key, None)]
+        label = key
+        if key.startswith("draw"):
+            d = Draw.of(int(key[4:]))
+            label = f"{d.index} {d.model} {d.cluster}"
+        for p in policies:
+            cols = []
+            for a in rates:
+                run = done[(key, a)]
+                ratio = plain["makespan_s"][p] / run["makespan_s"][p]
+                gains.setdefault((p, a), []).append(ratio)
+                cols.append(f"{ratio:.3f} ({run['speculated'][p]:.0%})")
+            print(f"| {label} | {p} | {plain['makespan_s'][p]:.1f} | " + " | ".join(cols) + " |")
+        if "heddle" in policies and len(policies) > 1:
+            for a, run in ((0.0, plain), *((a, done[(key, a)]) for a in rates)):
+                peers = [run["makespan_s"][p] for p in policies if p != "heddle"]
+                leads[a].append(min(peers) / run["makespan_s"]["heddle"])
+    print()
+    print("| policy | acceptance | plain / speculative: min / median / max |")
+    print("|---|---:|---|")
+    for (p, a), values in gains.items():
+        print(f"| {p} | {a} | {_spread(values)} |")
+    if any(leads.values()):
+        print()
+        print("| acceptance | heddle / best of the other policies: min / median / max |")
+        print("|---:|---|")
+        for a, values in leads.items():
+            print(f"| {a or 'off'} | {_spread(values)} |")
+    print(f"\n{len(cases)} runs in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
