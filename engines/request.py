@@ -12,7 +12,9 @@ class Sampling:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    seed: int | None = None  # per turn, so a turn started over samples the same again
+    # Per turn, so a turn started over samples the same again (on GPUs: vLLM's CPU build
+    # cannot seed a request whose prefill is chunked, so it goes unseeded there).
+    seed: int | None = None
 
 
 @dataclass(eq=False)

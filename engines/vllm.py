@@ -191,10 +191,12 @@ def replay_params(tokens: int, *, detokenize: bool = False) -> Any:
     )
 
 
-def sampled_params(tokens: int, sampling: Sampling) -> Any:
+def sampled_params(tokens: int, sampling: Sampling, *, seeded: bool = True) -> Any:
     """vLLM sampling parameters of an agent turn: sampled until the model's end-of-turn
     token (its EOS) or `tokens`, each token's log-prob returned (the sampled token's
-    only: `logprobs=0`), streamed as deltas."""
+    only: `logprobs=0`), streamed as deltas. Not `seeded`: the turn's seed is left out
+    (vLLM's CPU build, where a seeded request whose prefill is split over iterations
+    kills the engine: `python benchmarks/cpu_seeded_chunks.py`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -202,7 +204,7 @@ def sampled_params(tokens: int, sampling: Sampling) -> Any:
         max_tokens=tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        seed=sampling.seed,
+        seed=sampling.seed if seeded else None,
         logprobs=0,
         output_kind=RequestOutputKind.DELTA,
         detokenize=False,
@@ -309,6 +311,8 @@ class LocalVllm:
         # Speculation so far: tokens drafted, and of those the engine accepted.
         self.draft_tokens = 0
         self.accepted_tokens = 0
+        # Whether agent turns carry their seeds to vLLM (`sampled_params`): not on CPU.
+        self.seeded = True
 
     @property
     def is_healthy(self) -> bool:
@@ -354,8 +358,10 @@ class LocalVllm:
         # vLLM's CPU build sizes its KV cache from this (its default check fails on small
         # machines); GPU builds ignore it.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_gib:g}")
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self.seeded = not current_platform.is_cpu()
         started = time.monotonic()
         args = self.settings.engine_args(self.tp)
         nice = engine_nice(self.settings.nice)
@@ -405,7 +411,7 @@ class LocalVllm:
         if sampling is None:
             params = replay_params(max_new_tokens)
         else:
-            params = sampled_params(max_new_tokens, sampling)
+            params = sampled_params(max_new_tokens, sampling, seeded=self.seeded)
         try:
             async for out in self._llm.generate(
                 {"prompt_token_ids": prompt}, params, request_id, priority=priority

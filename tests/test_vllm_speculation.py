@@ -1,7 +1,9 @@
 """vLLM's suffix speculation on the CPU build (issue 31, WAR's lever): the cluster file's
 `speculation:` reaches the engine, drafts from the suffix tree (arctic-inference) are
 verified, a replayed step still makes exactly its tokens and an agent turn its log-probs.
-The engine starts once for the module."""
+The engine starts once for the module, with a small token budget so that prompts are
+prefilled over several iterations (chunked), which the CPU build cannot do for a seeded
+request."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def engine(
     settings = VllmSettings(
         model_path=str(model),
         max_num_seqs=4,
+        max_num_batched_tokens=256,
         max_model_len=2048,
         speculation=Speculation(method="suffix", draft_tokens=4),
         speculation_max_batch=((1, 4),),
@@ -77,3 +80,18 @@ def test_an_agent_turn_under_speculation_returns_a_log_prob_per_token(engine: An
     assert 0 < len(result.output_ids) <= 64
     assert len(result.output_logprobs) == len(result.output_ids)
     assert all(math.isfinite(lp) and lp <= 0 for lp in result.output_logprobs)
+
+
+def test_a_seeded_agent_turn_prefilled_in_chunks_keeps_the_engine_alive(engine: Any) -> None:
+    """vLLM 0.32's CPU build kills its engine when a seeded request's prefill spans
+    iterations (`CPU Generator does not use offset`): on CPU the turn goes without its
+    seed (`engines.vllm.sampled_params`)."""
+    eng, loop = engine
+    assert eng.backend.seeded is False
+    prompt = [10 + (i % 200) for i in range(700)]  # 700 tokens: three chunks of 256
+    request = EngineRequest(
+        "d0", "td", len(prompt), 16, sampling=Sampling(seed=7), prompt_ids=prompt
+    )
+    result = loop.run_until_complete(eng.generate(request))
+    assert 0 < len(result.output_ids) <= 16
+    assert eng.backend.is_healthy
