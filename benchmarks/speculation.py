@@ -11,14 +11,16 @@ Each instance speculates while it decodes at most the batch where the cost model
 verify pass pays on its shape (`CostModel.speculation_max_batch`, 4 drafted tokens). Per
 draw and policy it prints the plain makespan and, per acceptance, the plain over the
 speculative makespan (above 1: speculation pays) and the share of tokens made by verify
-passes; then each (policy, acceptance)'s spread, and heddle with speculation over the
-best peer with it. `--paper` runs the paper setting's nine cells (64 H100, seed 0)
-instead of random draws.
+passes; then each (policy, acceptance)'s spread, and each heddle variant over the best
+peer (the policies not named heddle*) with speculation on both. A policy named
+`NAME-blind` plans as if the engines did not speculate (they do). `--paper` runs the
+paper setting's nine cells (64 H100, seed 0) instead of random draws.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -29,10 +31,12 @@ from paper_setting import MODELS as PAPER_MODELS  # this folder's siblings
 from paper_setting import WORKLOADS, paper_traces
 from robustness import Draw
 
-from heddle.bench import run_bench
 from heddle.config import ClusterConfig, SpeculationConfig
 from heddle.families import generate_family
+from heddle.sim import simulate
 from heddle.types import TrajectorySpec
+from scheduler.interface import PolicyContext
+from scheduler.registry import create_policy
 
 
 def _traces(key: str, prompts: int, samples: int) -> tuple[list[TrajectorySpec], ...]:
@@ -65,14 +69,19 @@ def run_case(
         cluster = cluster.model_copy(
             update={"speculation": SpeculationConfig(acceptance=acceptance)}
         )
-    bench = run_bench(trace, cluster, policies, history=history)
+    shape = cluster.shape()
+    results = {}
+    for name in policies:
+        # "NAME-blind": the policy plans for engines that do not speculate, while they do.
+        policy, blind = name.removesuffix("-blind"), name.endswith("-blind")
+        view = dataclasses.replace(shape, speculation=None) if blind else shape
+        ctx = PolicyContext(view, tuple(history), tuple(trace), 0)
+        results[name] = simulate(trace, create_policy(policy, ctx), shape)
     return {
         "key": key,
         "acceptance": acceptance,
-        "makespan_s": {p: r.makespan_s for p, r in bench.results.items()},
-        "speculated": {
-            p: r.speculated_tokens / r.generated_tokens for p, r in bench.results.items()
-        },
+        "makespan_s": {p: r.makespan_s for p, r in results.items()},
+        "speculated": {p: r.speculated_tokens / r.generated_tokens for p, r in results.items()},
         "wall_s": time.perf_counter() - started,
     }
 
@@ -113,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| case | policy | plain (s) | {head} |")
     print("|---|---|---:|" + "---:|" * len(rates))
     gains: dict[tuple[str, float], list[float]] = {}
-    leads: dict[float, list[float]] = {a: [] for a in (0.0, *rates)}
+    leads: dict[tuple[str, float], list[float]] = {}
+    lead_rows: list[str] = []
     for key in keys:
         plain = done[(key, None)]
         label = key
@@ -128,21 +138,31 @@ def main(argv: list[str] | None = None) -> int:
                 gains.setdefault((p, a), []).append(ratio)
                 cols.append(f"{ratio:.3f} ({run['speculated'][p]:.0%})")
             print(f"| {label} | {p} | {plain['makespan_s'][p]:.1f} | " + " | ".join(cols) + " |")
-        if "heddle" in policies and len(policies) > 1:
+        heddles = [p for p in policies if p.startswith("heddle")]
+        peers = [p for p in policies if not p.startswith("heddle")]
+        for h in heddles if peers else ():
+            row = []
             for a, run in ((0.0, plain), *((a, done[(key, a)]) for a in rates)):
-                peers = [run["makespan_s"][p] for p in policies if p != "heddle"]
-                leads[a].append(min(peers) / run["makespan_s"]["heddle"])
+                lead = min(run["makespan_s"][p] for p in peers) / run["makespan_s"][h]
+                leads.setdefault((h, a), []).append(lead)
+                row.append(f"{lead:.3f}")
+            lead_rows.append(f"| {label} | {h} | " + " | ".join(row) + " |")
     print()
     print("| policy | acceptance | plain / speculative: min / median / max |")
     print("|---|---:|---|")
     for (p, a), values in gains.items():
         print(f"| {p} | {a} | {_spread(values)} |")
-    if any(leads.values()):
+    if leads:
         print()
-        print("| acceptance | heddle / best of the other policies: min / median / max |")
-        print("|---:|---|")
-        for a, values in leads.items():
-            print(f"| {a or 'off'} | {_spread(values)} |")
+        head = " | ".join(f"a={a}" for a in rates)
+        print(f"| case | heddle / best peer: | off | {head} |")
+        print("|---|---|---:|" + "---:|" * len(rates))
+        print("\n".join(lead_rows))
+        print()
+        print("| policy | acceptance | heddle / best peer: min / median / max |")
+        print("|---|---:|---|")
+        for (h, a), values in leads.items():
+            print(f"| {h} | {a or 'off'} | {_spread(values)} |")
     print(f"\n{len(cases)} runs in {time.perf_counter() - started:.0f} s")
     return 0
 

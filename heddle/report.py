@@ -131,11 +131,13 @@ def bench_table(result: BenchResult, title: str) -> Table:
 def bound_line(lower_bound: dict[str, float]) -> str:
     """The lower bound and the terms it is the largest of (docs/simulator.md)."""
     lb = lower_bound
+    speedup = lb.get("speculation_speedup", 1.0)
+    over = f", over speculation's {speedup:.2f} tokens a pass" if speedup > 1.0 else ""
     return (
         f"lower bound {lb['lower_bound_s']:,.1f} s, the largest of: longest alone "
         f"{lb['longest_alone_s']:,.1f} s, peak throughput {lb['work_s']:,.1f} s, memory reads "
         f"{lb['memory_reads_s']:,.1f} s, iteration streams {lb['streams_s']:,.1f} s, "
-        f"streams LP {lb['streams_lp_s']:,.1f} s (docs/simulator.md)"
+        f"streams LP {lb['streams_lp_s']:,.1f} s{over} (docs/simulator.md)"
     )
 
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engines.costmodel import CostModel, IterationTerms
+from engines.costmodel import DRAFT_S_PER_SEQ, CostModel, IterationTerms
+from heddle.hardware import Speculation
 
 # Heddle's planners cap a group's KV at four times its instance's share (see `solve`).
 KV_SHARE_CAP = 4.0
@@ -51,10 +52,28 @@ class InstanceModel:
     terms: IterationTerms
     kv_capacity_tokens: int
     max_num_seqs: int
+    # Speculative decoding (the cluster's `speculation`), as the engine core runs it: a
+    # batch of at most `spec_max_batch` verifies `spec_draft_tokens` drafts per request
+    # in a pass that makes `spec_tokens_per_pass` tokens each (0: off).
+    spec_max_batch: int = 0
+    spec_draft_tokens: int = 0
+    spec_tokens_per_pass: float = 1.0
 
     @classmethod
-    def of(cls, cost: CostModel, max_num_seqs: int) -> InstanceModel:
-        return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
+    def of(
+        cls, cost: CostModel, max_num_seqs: int, speculation: Speculation | None = None
+    ) -> InstanceModel:
+        if speculation is None:
+            return cls(cost.tp, cost.terms, cost.kv_capacity_tokens, max_num_seqs)
+        return cls(
+            cost.tp,
+            cost.terms,
+            cost.kv_capacity_tokens,
+            max_num_seqs,
+            cost.speculation_max_batch(speculation, max_num_seqs),
+            speculation.draft_tokens,
+            speculation.tokens_per_verify,
+        )
 
     def pooled(self, count: int) -> InstanceModel:
         """`count` instances like this one, balanced as one: each runs 1/count of a group
@@ -68,7 +87,13 @@ class InstanceModel:
             allreduce_per_token_s=t.allreduce_per_token_s / count,
         )
         return InstanceModel(
-            self.tp, terms, self.kv_capacity_tokens * count, self.max_num_seqs * count
+            self.tp,
+            terms,
+            self.kv_capacity_tokens * count,
+            self.max_num_seqs * count,
+            self.spec_max_batch * count,
+            self.spec_draft_tokens,
+            self.spec_tokens_per_pass,
         )
 
     def _fitting(
@@ -86,6 +111,19 @@ class InstanceModel:
         compute = eb * t.compute_per_token_s + ec * t.compute_per_attended_s
         allreduce = t.allreduce_base_s + eb * t.allreduce_per_token_s
         iteration = np.maximum(mem, compute) + allreduce + t.overhead_s
+        if self.spec_max_batch > 0:
+            # A verify pass: every drafted position computed, the reads once, each
+            # request's drafts made on the host; its time shared by the tokens it makes.
+            p = 1 + self.spec_draft_tokens
+            verify = (
+                np.maximum(mem, p * compute)
+                + t.allreduce_base_s
+                + p * eb * t.allreduce_per_token_s
+                + t.overhead_s
+                + eb * DRAFT_S_PER_SEQ
+            )
+            spec = verify / self.spec_tokens_per_pass
+            iteration = np.where(eb <= self.spec_max_batch, spec, iteration)
         return fit, eb, iteration
 
     def per_token_s(self, batch: np.ndarray | float, context: np.ndarray | float) -> np.ndarray:

@@ -62,7 +62,9 @@ class SplitPlanner:
 
     def models(self) -> dict[int, InstanceModel]:
         return {
-            tp: InstanceModel.of(CostModel.of(self.cluster, tp), self.cluster.max_num_seqs)
+            tp: InstanceModel.of(
+                CostModel.of(self.cluster, tp), self.cluster.max_num_seqs, self.cluster.speculation
+            )
             for tp in self._fits()
         }
 

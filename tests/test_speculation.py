@@ -19,7 +19,7 @@ from engines.vllm import VllmSettings
 from heddle.config import ClusterConfig, SpeculationConfig, load_cluster
 from heddle.errors import ConfigError
 from heddle.hardware import ClusterShape, Speculation
-from heddle.sim import SimResult, simulate
+from heddle.sim import SimResult, lower_bound, simulate
 from heddle.types import RolloutOptions, StepSpec, TrajectorySpec
 from heddle.workloads import generate
 from scheduler.interface import PolicyContext
@@ -99,6 +99,10 @@ def test_the_simulator_speculates_in_the_tail_and_shortens_the_rollout() -> None
     assert 0 < fast.speculated_tokens < fast.generated_tokens
     assert fast.generated_tokens == plain.generated_tokens
     assert fast.makespan_s < plain.makespan_s
+    # The lower bound stays one: below the plain bound, by the tokens a pass makes.
+    bound = lower_bound(trace, dataclasses.replace(cluster, speculation=spec))
+    assert bound["lower_bound_s"] <= fast.makespan_s
+    assert bound["speculation_speedup"] == spec.tokens_per_verify
     # A limit of no batch at all is the plain rollout, to the last digit.
     never = dataclasses.replace(spec, max_batch=0)
     off = _run(dataclasses.replace(cluster, speculation=never), trace)
