@@ -128,6 +128,34 @@ def test_the_cluster_file_turns_speculation_on(tmp_path: Path) -> None:
     assert info.value.field == "speculation.method"
 
 
+def test_vllm_suffix_speculation_without_its_package_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where arctic-inference is not installed, the cluster file says so before any
+    engine starts (the package is installed here: its absence is staged)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "arctic_inference" else real(name, *a),
+    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        f"num_gpus: 2\nspeculation:\n  method: suffix\nengine:\n  kind: vllm\n"
+        f"  model_path: {model}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path)
+    assert "arctic-inference" in str(info.value)
+    path.write_text(path.read_text().replace("method: suffix", "method: ngram"))
+    assert load_cluster(path).shape().speculation == Speculation(method="ngram")
+
+
 def test_vllm_drafts_only_up_to_the_batch_where_it_pays() -> None:
     spec = Speculation(method="suffix", draft_tokens=4, acceptance=0.5)
     settings = VllmSettings(

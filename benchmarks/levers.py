@@ -1,0 +1,182 @@
+"""Issue 31's levers in one table: each alone and together, against the synchronous
+campaign and the best peer, in the simulator.
+
+    python benchmarks/levers.py [--paper qwen3-14b/coding,...] [--draws 1000,1001,...]
+                                [--iterations 3] [--prompts 400|50] [--acceptance 0.5]
+                                [--policies verl,autellix,heddle] [--jobs 2]
+
+A campaign of `--iterations` train steps (iteration 0 is the history, so none pays a
+cold start), per case and policy, with:
+
+- `sync`: each batch's rollout on every GPU, its train step on the same GPUs, the sync
+  (as `benchmarks/sim_campaign.py`);
+- `libra`: the same, with the tail's idle engines training on the finished trajectories
+  (`heddle.sim.reallocation`);
+- `spec`: the same as sync, with suffix speculation on every engine at `--acceptance`;
+- `async`: three quarters of the GPUs roll out and the rest train, S = 1, stale tokens
+  out of the loss (`heddle.sim.campaign`);
+- `spec+libra` and `spec+async`: the levers together (Libra's reallocation inside the
+  asynchronous campaign is not built, so the three do not combine).
+
+Cases are the paper setting's cells (64 H100, seed 0, `--prompts` x 16) and robustness
+draws (`benchmarks/robustness.py`'s draws: a random family, model and cluster). Prints
+per case and policy the campaign's time with each lever, and its speed-up over the same
+policy's synchronous campaign (above 1: the lever pays); then heddle's best over the best
+peer's best. Prorsa's prefill/decode roles (issue 31, item 3) are not built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from paper_setting import MODELS as PAPER_TP  # this folder's siblings
+from robustness import Draw
+
+from engines.costmodel import train_step_s, weight_sync_s
+from heddle.config import ClusterConfig, SpeculationConfig
+from heddle.families import generate_family
+from heddle.hardware import GPUS, MODELS
+from heddle.sim import simulate
+from heddle.sim.campaign import simulate_async_campaign
+from heddle.sim.reallocation import tail_training
+from heddle.staleness import StalenessBound
+from heddle.types import TrajectorySpec
+from heddle.workloads import generate
+from scheduler.interface import PolicyContext
+from scheduler.registry import create_policy, learns_from_history
+
+LEVERS = ("sync", "libra", "spec", "async", "spec+libra", "spec+async")
+STALENESS = 1
+
+
+def _batch(case: str, iteration: int, prompts: int, samples: int) -> list[TrajectorySpec]:
+    if case.startswith("draw"):
+        seed = Draw.of(int(case[4:])).family_seed
+        made = generate_family("random", prompts=prompts, samples=samples, seed=seed,
+                               iteration=iteration)  # fmt: skip
+    else:
+        workload = case.split("/")[1]
+        made = generate(workload, prompts=prompts, samples=samples, seed=0, iteration=iteration)
+    return [r.spec for r in made]
+
+
+def _cluster(case: str) -> ClusterConfig:
+    if case.startswith("draw"):
+        return Draw.of(int(case[4:])).config()
+    model = case.split("/")[0]
+    return ClusterConfig(model=model, gpu="h100", num_gpus=64, default_tp=PAPER_TP[model])
+
+
+def run_campaign(
+    case: str, policy: str, lever: str, iterations: int, prompts: int, samples: int,
+    acceptance: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One policy's campaign of `iterations` train steps on one case with one lever."""
+    started = time.perf_counter()
+    cluster = _cluster(case)
+    if "spec" in lever:
+        cluster = cluster.model_copy(
+            update={"speculation": SpeculationConfig(acceptance=acceptance)}
+        )
+    shape = cluster.shape()
+    model, gpu = MODELS[shape.model], GPUS[shape.gpu]
+    if "async" in lever:
+        rollout_gpus = shape.num_gpus * 3 // 4
+        rollout = dataclasses.replace(shape, num_gpus=rollout_gpus)
+        batches = [_batch(case, i, prompts, samples)
+                   for i in range(1, iterations + STALENESS + 4)]  # fmt: skip
+        history = _batch(case, 0, prompts, samples) if learns_from_history(policy) else []
+        ctx = PolicyContext(rollout, tuple(history))
+        size = len(batches[0])
+        result = simulate_async_campaign(
+            batches, create_policy(policy, ctx), rollout,
+            trainer_gpus=shape.num_gpus - rollout_gpus,
+            bound=StalenessBound(STALENESS, size, size, "partial"), iterations=iterations,
+        )  # fmt: skip
+        generated = sum(s.generated_tokens for s in result.steps)
+        trained = sum(s.trained_tokens for s in result.steps)
+        return {"case": case, "policy": policy, "lever": lever, "total_s": result.total_s,
+                "trained_frac": trained / generated,
+                "wall_s": time.perf_counter() - started}  # fmt: skip
+    total = 0.0
+    for i in range(1, iterations + 1):
+        trace = _batch(case, i, prompts, samples)
+        history = _batch(case, i - 1, prompts, samples)
+        ctx = PolicyContext(shape, tuple(history), tuple(trace), 0)
+        result = simulate(trace, create_policy(policy, ctx), shape)
+        tokens = sum(s.sequence_tokens for s in trace)
+        train = train_step_s(model, gpu, shape.num_gpus, tokens)
+        if "libra" in lever:
+            train = tail_training(result, trace, model, gpu, shape.num_gpus).train_after_rollout_s
+        sync = max(weight_sync_s(model, int(inst["tp"])) for inst in result.instances)  # type: ignore[call-overload]
+        total += result.makespan_s + train + sync
+    return {"case": case, "policy": policy, "lever": lever, "total_s": total,
+            "trained_frac": 1.0, "wall_s": time.perf_counter() - started}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--paper", default="", help="cells, e.g. qwen3-14b/coding")
+    ap.add_argument("--draws", default="", help="robustness draws, e.g. 1000,1001")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--acceptance", type=float, default=0.5)
+    ap.add_argument("--policies", default="verl,autellix,heddle")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    cases = [c for c in args.paper.split(",") if c]
+    cases += [f"draw{d}" for d in args.draws.split(",") if d]
+    if not cases:
+        ap.error("name --paper cells or --draws")
+    policies = args.policies.split(",")
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {
+            (c, p, lever): pool.submit(run_campaign, c, p, lever, args.iterations,
+                                       args.prompts, args.samples, args.acceptance)
+            for c in cases for p in policies for lever in LEVERS
+        }  # fmt: skip
+        runs = {key: f.result() for key, f in futures.items()}
+
+    print(f"{args.iterations} train steps; acceptance {args.acceptance}; async: 3/4 of the "
+          f"GPUs roll out, S = {STALENESS}, partial")  # fmt: skip
+    print(f"| case | policy | sync (s) | {' | '.join(LEVERS[1:])} | trained (async) |")
+    print("|---|---|---:|" + "---:|" * len(LEVERS))
+    for c in cases:
+        label = c
+        if c.startswith("draw"):
+            d = Draw.of(int(c[4:]))
+            label = f"{d.index} {d.model} {d.cluster}"
+        for p in policies:
+            sync = runs[(c, p, "sync")]["total_s"]
+            cols = [f"{sync / runs[(c, p, lv)]['total_s']:.3f}x" for lv in LEVERS[1:]]
+            trained = runs[(c, p, "async")]["trained_frac"]
+            print(f"| {label} | {p} | {sync:.0f} | {' | '.join(cols)} | {trained:.0%} |")
+    if "heddle" in policies and len(policies) > 1:
+        print()
+        print("| case | heddle's best lever | best peer's best lever | heddle / best peer "
+              "(each with its best) | heddle with it / best peer synchronous |")  # fmt: skip
+        print("|---|---|---|---:|---:|")
+        for c in cases:
+            best = {p: min(LEVERS, key=lambda lv: runs[(c, p, lv)]["total_s"]) for p in policies}
+            peers = [p for p in policies if p != "heddle"]
+            peer = min(peers, key=lambda p: runs[(c, p, best[p])]["total_s"])
+            peer_sync = min(runs[(c, p, "sync")]["total_s"] for p in peers)
+            h = runs[(c, "heddle", best["heddle"])]["total_s"]
+            print(f"| {c} | {best['heddle']} | {peer} {best[peer]} "
+                  f"| {runs[(c, peer, best[peer])]['total_s'] / h:.2f}x "
+                  f"| {peer_sync / h:.2f}x |")  # fmt: skip
+    print(f"\n{len(runs)} campaigns in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
