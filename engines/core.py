@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engines.costmodel import CostModel
+from engines.costmodel import CostModel, per_token_of_verify
 from engines.queues import create_request_queue, rank
 from engines.request import EngineRequest
 from heddle.hardware import ClusterShape, Speculation
@@ -557,12 +557,7 @@ class EngineCore:
         charged per token it makes on average (`CostModel.speculative_decode_s`)."""
         spec = self.limits.speculation
         if spec is not None and num_seqs <= self.limits.speculation_max_batch:
-            verify_s = self._iteration_cost(
-                num_decode_seqs=num_seqs,
-                decode_context_tokens=context_tokens,
-                draft_tokens=spec.draft_tokens,
-            )
-            return verify_s / spec.tokens_per_verify, True
+            return per_token_of_verify(self._iteration_cost, spec, num_seqs, context_tokens), True
         cost = self._iteration_cost(num_decode_seqs=num_seqs, decode_context_tokens=context_tokens)
         return cost, False
 

@@ -14,6 +14,7 @@ tables for that reason: they are what those measurements used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -171,12 +172,7 @@ class CostModel:
         """A decode iteration's time per token made under `spec`: one verify pass,
         charged over the tokens it makes on average (a fluid model: the engine core
         advances one token an iteration, so each iteration costs its share of a pass)."""
-        verify_s = self.iteration_s(
-            num_decode_seqs=num_decode_seqs,
-            decode_context_tokens=decode_context_tokens,
-            draft_tokens=spec.draft_tokens,
-        )
-        return verify_s / spec.tokens_per_verify
+        return per_token_of_verify(self.iteration_s, spec, num_decode_seqs, decode_context_tokens)
 
     def speculation_max_batch(
         self, spec: Speculation, max_num_seqs: int, context_tokens: int = 0
@@ -231,6 +227,22 @@ class CostModel:
     def reconfiguration_s(self) -> float:
         """Restarting the instance at another TP degree: weight reload plus engine start."""
         return self.model.weight_bytes / self.tp / WEIGHT_RELOAD_BYTES_PER_S + ENGINE_RESTART_S
+
+
+def per_token_of_verify(
+    iteration_cost: Callable[..., float],
+    spec: Speculation,
+    num_decode_seqs: int,
+    decode_context_tokens: int,
+) -> float:
+    """A verify pass's time (`iteration_cost` is `CostModel.iteration_s` or the engine
+    core's copy of it) over the tokens it makes on average."""
+    verify_s = iteration_cost(
+        num_decode_seqs=num_decode_seqs,
+        decode_context_tokens=decode_context_tokens,
+        draft_tokens=spec.draft_tokens,
+    )
+    return verify_s / spec.tokens_per_verify
 
 
 # Training a policy: about 6 FLOPs per parameter per token (2 forward, 4 backward;

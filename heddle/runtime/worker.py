@@ -24,8 +24,8 @@ from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from activities.train import TrainerActivities
-from engines.costmodel import CostModel
 from engines.pool import EnginePool, EngineShape
+from engines.trajectory_costs import allowed_costs
 from engines.vllm import VllmSettings, engine_nice, lower_session
 from heddle import metrics
 from heddle.config import ClusterConfig
@@ -89,10 +89,10 @@ def vllm_settings(cluster: ClusterConfig) -> VllmSettings | None:
     spec = shape.speculation
     spec_limits: list[tuple[int, int]] = []
     if spec is not None:
-        for tp in shape.tp_choices:
-            cost = CostModel.of(shape, tp)
-            if cost.kv_capacity_tokens > 0:
-                spec_limits.append((tp, cost.speculation_max_batch(spec, shape.max_num_seqs)))
+        spec_limits = [
+            (cost.tp, cost.speculation_max_batch(spec, shape.max_num_seqs))
+            for cost in allowed_costs(shape)
+        ]
     return VllmSettings(
         model_path=engine.model_path,
         max_model_len=engine.max_model_len,
