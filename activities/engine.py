@@ -23,7 +23,7 @@ from activities.heartbeat import heartbeating
 from engines.core import RequestTooLarge
 from engines.pool import Engine, EnginePool
 from engines.request import EngineRequest, Sampling
-from engines.simulated import EngineResult
+from engines.simulated import EngineResult, SimulatedEngine
 from engines.vllm import EngineDead
 from heddle import activity_names as names
 from heddle import metrics
@@ -247,7 +247,44 @@ class EngineActivities:
             reserve_kv_tokens=request.reserve_kv_tokens,
             ends_session=request.ends_session,
         )
+        prefills = self.pool.prefills if self.pool is not None else None
+        if prefills is not None and not made and isinstance(engine, SimulatedEngine):
+            first = await prefills.prefill(engine, engine_request)
+            if first is not None:  # the first token came from a prefill instance
+                return await self._after_prefill(engine, engine_request, first, on_progress)
         return await self._run(engine, engine_request, made, request.trajectory_id, on_progress)
+
+    async def _after_prefill(
+        self,
+        engine: Engine,
+        engine_request: EngineRequest,
+        first: EngineResult,
+        on_progress: Callable[[int], None],
+    ) -> EngineResult:
+        """The rest of a step whose prefill and first token were made elsewhere, its KV
+        now here: the step's result counts both."""
+        on_progress(1)
+        rest = EngineRequest(
+            request_id=f"{engine_request.request_id}+1",
+            prefix_key=engine_request.prefix_key,
+            context_tokens=engine_request.context_tokens + 1,
+            max_new_tokens=engine_request.max_new_tokens - 1,
+            priority=engine_request.priority,
+            reserve_kv_tokens=engine_request.reserve_kv_tokens,
+            ends_session=engine_request.ends_session,
+        )
+        result = await self._run(
+            engine, rest, 1, engine_request.prefix_key, lambda tokens: on_progress(tokens + 1)
+        )
+        return EngineResult(
+            request_id=engine_request.request_id,
+            output_tokens=result.output_tokens + 1,
+            cached_tokens=first.cached_tokens,
+            queued_s=first.queued_s,
+            started_at=first.started_at,
+            finished_at=result.finished_at,
+            moved_to=result.moved_to,
+        )
 
     async def _run(
         self,

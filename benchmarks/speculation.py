@@ -39,7 +39,7 @@ from scheduler.interface import PolicyContext
 from scheduler.registry import create_policy
 
 
-def _traces(key: str, prompts: int, samples: int) -> tuple[list[TrajectorySpec], ...]:
+def traces_of(key: str, prompts: int, samples: int) -> tuple[list[TrajectorySpec], ...]:
     if key.startswith("draw"):
         seed = Draw.of(int(key[4:])).family_seed
         return tuple(
@@ -51,7 +51,7 @@ def _traces(key: str, prompts: int, samples: int) -> tuple[list[TrajectorySpec],
     return paper_traces(workload, 0, prompts, samples)
 
 
-def _cluster(key: str) -> ClusterConfig:
+def cluster_of(key: str) -> ClusterConfig:
     if key.startswith("draw"):
         return Draw.of(int(key[4:])).config()
     model, _ = key.split("/")
@@ -63,8 +63,8 @@ def run_case(
 ) -> dict[str, Any]:
     """One draw (or paper cell) at one acceptance (None: no speculation)."""
     started = time.perf_counter()
-    trace, history = _traces(key, prompts, samples)
-    cluster = _cluster(key)
+    trace, history = traces_of(key, prompts, samples)
+    cluster = cluster_of(key)
     if acceptance is not None:
         cluster = cluster.model_copy(
             update={"speculation": SpeculationConfig(acceptance=acceptance)}

@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engines.core import EngineLimits, modelled_core
 from engines.costmodel import CostModel, cheapest_move, same_node, weight_sync_s
 from engines.request import EngineRequest
 from engines.simulated import EngineResult, SimulatedEngine
+
+if TYPE_CHECKING:
+    from engines.disaggregation import PrefillPool
 from engines.vllm import (
     LocalVllm,
     TokenSessions,
@@ -101,6 +104,8 @@ class EnginePool:
         # KV moves under way during a trajectory's tool call: its next step waits for them.
         self._moving: dict[str, asyncio.Task[int]] = {}
         self.weight_version = 0  # of the weights the instances run (a campaign's step)
+        # The cluster's `disaggregation` (simulated engines): set by the worker.
+        self.prefills: PrefillPool | None = None
 
     def _build(self, instance_id: str, tp: int) -> Engine:
         if self.vllm is not None:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heddle.errors import ConfigError
-from heddle.hardware import GPUS, MODELS, ClusterShape, Speculation
+from heddle.hardware import GPUS, MODELS, ClusterShape, Disaggregation, Speculation
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -79,6 +79,27 @@ class SpeculationConfig(BaseModel):
         )
 
 
+class DisaggregationConfig(BaseModel):
+    """Prefill and decode on separate instances, roles switched from forecast demand
+    (`heddle.hardware.Disaggregation`). Simulated engines only: vLLM's CPU build has no
+    KV connector to move a prefill's KV between instances."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_prefill_tokens: int = Field(512, ge=1)
+    roles: Literal["forecast", "static"] = "forecast"
+    prefill_share: float = Field(0.25, gt=0.0, lt=1.0)
+    horizon_s: float = Field(10.0, gt=0.0)
+
+    def shape(self) -> Disaggregation:
+        return Disaggregation(
+            min_prefill_tokens=self.min_prefill_tokens,
+            roles=self.roles,
+            prefill_share=self.prefill_share,
+            horizon_s=self.horizon_s,
+        )
+
+
 class ClusterConfig(BaseModel):
     """The GPUs a rollout runs on and how the engines on them are shaped."""
 
@@ -100,6 +121,7 @@ class ClusterConfig(BaseModel):
     # hold on the instance (`engines.core.EngineLimits.release_evicted`).
     kv_release_evicted: bool = True
     speculation: SpeculationConfig | None = None
+    disaggregation: DisaggregationConfig | None = None
     engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="after")
@@ -129,6 +151,11 @@ class ClusterConfig(BaseModel):
                 "package (built from source as the Makefile's real-engine set-up does); "
                 "`ngram` needs nothing"
             )
+        if self.disaggregation is not None and self.engine.kind == "vllm":
+            raise ValueError(
+                "disaggregation: simulated engines only; vLLM's CPU build has no KV "
+                "connector to move a prefill's KV to its decode instance"
+            )
         return self
 
     def shape(self) -> ClusterShape:
@@ -145,6 +172,7 @@ class ClusterConfig(BaseModel):
             kv_overcommit_per_s=self.kv_overcommit_per_s,
             kv_release_evicted=self.kv_release_evicted,
             speculation=self.speculation.shape() if self.speculation else None,
+            disaggregation=self.disaggregation.shape() if self.disaggregation else None,
         )
 
     def instance_ids(self) -> list[str]:

@@ -80,6 +80,23 @@ class Speculation:
 
 
 @dataclass(frozen=True)
+class Disaggregation:
+    """Prefill and decode on separate instances (Prorsa's lever). A step whose uncached
+    context is at least `min_prefill_tokens` prefills on an instance serving prefill,
+    which pulls the trajectory's cached KV from its decode instance and sends the new KV
+    back over the interconnect; smaller prefills stay on the decode instance (as vLLM's
+    and Dynamo's conditional disaggregation keep them). `roles`: "forecast" switches
+    instances between the roles from the forecast prefill and decode demand of the next
+    `horizon_s` seconds, up to `prefill_share` of the GPUs; "static" keeps the narrowest
+    instances on that share of the GPUs (at least one instance) on prefill all along."""
+
+    min_prefill_tokens: int = 512
+    roles: str = "forecast"  # "forecast" or "static"
+    prefill_share: float = 0.25
+    horizon_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class ClusterShape:
     """The cluster as the policies, the simulator and the engines see it, built once from
     the cluster file (`ClusterConfig.shape`): every reader takes this one value, so no
@@ -96,3 +113,4 @@ class ClusterShape:
     kv_overcommit_per_s: float = 0.0  # EngineLimits.overcommit_per_s
     kv_release_evicted: bool = True  # EngineLimits.release_evicted
     speculation: Speculation | None = None  # off unless the cluster file asks
+    disaggregation: Disaggregation | None = None  # off (prefill and decode co-located)

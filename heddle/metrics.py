@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -56,6 +56,14 @@ KV_MOVE_SECONDS = Histogram(
     buckets=(*_FAST, 5.0, 10.0),
 )  # fmt: skip
 KV_MOVED_TOKENS = Counter("heddle_kv_moved_tokens", "Context tokens moved between instances")
+PREFILL_HANDOFFS = Counter(
+    "heddle_prefill_handoffs",
+    "Steps prefilled on an instance serving prefill, their KV then sent to their own",
+)
+OFFLOADED_PREFILL_TOKENS = Counter(
+    "heddle_offloaded_prefill_tokens", "Context tokens prefilled on instances serving prefill"
+)
+PREFILL_INSTANCES = Gauge("heddle_prefill_instances", "Instances serving prefill now")
 RESHAPES = Counter(
     "heddle_reshapes",
     "Cluster reshapes (instances retired for new ones of another TP), by kind and outcome",

@@ -81,6 +81,7 @@ class SchedulerService:
         self.context = context or PolicyContext()
         self.instance_ids: list[str] = []
         self.tps: dict[str, int] = {}
+        self._offered_before: dict[str, int] = {}  # every instance ever offered: its TP
         self.in_flight: dict[str, int] = {}
         # Where each trajectory's one step in flight runs: a decide made again for the same
         # step (its workflow task retried, the first result lost) replaces it rather than
@@ -106,6 +107,7 @@ class SchedulerService:
         new = [i for i in tps if i not in self.tps]
         self.instance_ids = list(tps)
         self.tps = dict(tps)
+        self._offered_before.update(tps)
         for iid in self.instance_ids:
             self.in_flight.setdefault(iid, 0)
         for key, live in self._live_ids.items():
@@ -125,6 +127,17 @@ class SchedulerService:
             if iid in self.in_flight:
                 self.in_flight[iid] = max(self.in_flight[iid], load)
         self.kv_usage.update(kv_usage or {})
+
+    def load_by_instance(self) -> dict[str, int]:
+        """Per instance, the trajectories whose last step it ran and the steps on it."""
+        load = Counter(self._last_instance.values())
+        for iid, n in self.in_flight.items():
+            load[iid] += n
+        return dict(load)
+
+    def in_tool_calls(self) -> int:
+        """Trajectories between steps: started, not finished, no step in flight."""
+        return sum(1 for tid in self._last_instance if tid not in self._running)
 
     def reviews(self) -> bool:
         """Whether any policy here reviews steps in progress (else a review is a no-op)."""
@@ -216,6 +229,16 @@ class SchedulerService:
         ]
         return live, ours, states
 
+    def _offered(self, target: str) -> str:
+        """A planning policy may name an instance of its plan that takes no steps now but
+        did (it serves prefill, or its engine died): the step goes to the least busy
+        offered instance as wide, or any. One not up yet (a reshape's) is waited for."""
+        tp = self._offered_before.get(target)
+        if target in self.tps or not self.tps or tp is None:
+            return target
+        same = [i for i in self.instance_ids if self.tps[i] == tp] or self.instance_ids
+        return min(same, key=lambda i: (self.in_flight.get(i, 0), i))
+
     def _previous(self, request: DecideRequest) -> str | None:
         """Where the trajectory last ran: this service's record, else the workflow's."""
         own = self._last_instance.get(request.trajectory_id)
@@ -231,7 +254,7 @@ class SchedulerService:
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
         decision = self._policies[key].decide(request.view.on(previous_ours), states, now)
-        target = live[decision.instance_id]
+        target = self._offered(live[decision.instance_id])
         decision = replace(
             decision,
             instance_id=target,

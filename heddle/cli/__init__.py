@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(exc.format_message().split())
         print(f"error: {where}: {message} (see '{where} --help')", file=sys.stderr)
         sys.exit(2)
-    except click_errors.Abort:
+    except typer.Abort:  # Ctrl-C at a prompt (typer's own class since 0.29.2)
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

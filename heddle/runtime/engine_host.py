@@ -23,12 +23,14 @@ from temporalio.worker import Worker
 from activities.agent import AgentTurns
 from activities.control import RECONCILE_EVERY_S
 from activities.engine import EngineActivities
+from engines.disaggregation import PrefillPool
 from engines.pool import EnginePool
 from heddle import metrics
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
 from heddle.types import ClusterPlan, ControlInput, InstancePlan, PlanChange
 from scheduler.interface import REVIEW_EVERY_S
 from scheduler.plan import active_instances
+from scheduler.roles import DECODE, PREFILL, PrefillForecast, RoleInstance, prefill_instances
 from scheduler.service import SchedulerService
 from workflows import policy
 from workflows.control import ClusterControlWorkflow
@@ -130,8 +132,56 @@ class EngineHost:
             self._offer(self.plan)
 
     def _offer(self, plan: ClusterPlan) -> None:
+        """The scheduler places steps on the active instances that are up and decode."""
         active = active_instances(plan)
-        self.service.set_instances({i: tp for i, tp in active.items() if i not in self.down})
+        closed = self.down | (
+            self.pool.prefills.serving if self.pool and self.pool.prefills else set()
+        )
+        self.service.set_instances({i: tp for i, tp in active.items() if i not in closed})
+
+    async def plan_roles(self, prefills: PrefillPool, forecast: PrefillForecast) -> None:
+        """Switch the hosted instances between prefill and decode every half horizon
+        (scaled), as `scheduler.roles` says from the forecast demand; the scheduler is
+        offered the decode instances only. A static pool is chosen once."""
+        config = prefills.config
+        while True:
+            if self.pool is None or self.plan is None:
+                await asyncio.sleep(MIN_REVIEW_WALL_S)  # the plan comes first
+                continue
+            if config.roles == "forecast" or not prefills.serving:
+                self._switch_roles(prefills, forecast)
+            await asyncio.sleep(max(MIN_REVIEW_WALL_S, config.horizon_s / 2 * self.time_scale))
+
+    def _switch_roles(self, prefills: PrefillPool, forecast: PrefillForecast) -> None:
+        assert self.pool is not None
+        assert self.plan is not None
+        hosted = [i for i in self._workers if i in self.pool.engines]
+        load = self.service.load_by_instance()
+        views = [
+            RoleInstance(
+                iid, self.pool.tps[iid], PREFILL if iid in prefills.serving else DECODE,
+                load=load.get(iid, 0) + self.pool[iid].load,
+                prefill_tokens_per_s=prefills.rate(iid),
+                kv_capacity_tokens=self.pool.shape.cost(self.pool.tps[iid]).kv_capacity_tokens,
+            )
+            for iid in hosted
+        ]  # fmt: skip
+        decoding = sum(
+            self.pool[i].core.num_running_kv_tokens  # type: ignore[attr-defined]
+            for i in hosted
+            if i not in prefills.serving
+        )
+        wanted = prefill_instances(
+            views,
+            demand_tokens=forecast.demand_tokens([], self.service.in_tool_calls()),
+            decoding_kv_tokens=decoding,
+            config=prefills.config,
+        )
+        if wanted != prefills.serving:
+            log.info("instances serving prefill: %s", sorted(wanted) or "none")
+            prefills.serving = wanted
+            metrics.PREFILL_INSTANCES.set(len(wanted))
+            self._offer(self.plan)
 
     def is_up(self, instance_id: str) -> bool:
         return instance_id in self._workers

@@ -24,6 +24,7 @@ from activities.store import StoreActivities
 from activities.toolkit import default_registry
 from activities.tools import ToolActivities
 from activities.train import TrainerActivities
+from engines.disaggregation import PrefillPool
 from engines.pool import EnginePool, EngineShape
 from engines.trajectory_costs import allowed_costs
 from engines.vllm import VllmSettings, engine_nice, lower_session
@@ -38,6 +39,7 @@ from heddle.runtime.tracing import flush_traces, tracing_interceptor
 from heddle.store import TrajectoryStore
 from scheduler.interface import PolicyContext
 from scheduler.plan import initial_plan
+from scheduler.roles import PrefillForecast
 from scheduler.service import SchedulerService
 from workflows import policy
 from workflows.batch import RolloutBatchWorkflow, RolloutSliceWorkflow
@@ -170,6 +172,9 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         )
         if pool.ray:
             connect_ray(cluster)
+        if shape.disaggregation is not None and settings is None:
+            forecast = PrefillForecast(shape.disaggregation.min_prefill_tokens)
+            pool.prefills = PrefillPool(pool, shape.disaggregation, forecast.observe)
     agent = None
     if pool is not None and pool.vllm is not None:
         agent = AgentTurns(store, pool.vllm.model_path, pool.vllm.max_model_len)
@@ -297,6 +302,8 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         log.info("scheduler service at %s", address)
     runs.append(asyncio.create_task(host.follow(control)))
     runs.append(asyncio.create_task(host.review()))
+    if pool is not None and pool.prefills is not None:
+        runs.append(asyncio.create_task(host.plan_roles(pool.prefills, forecast)))
     waiter = asyncio.create_task(stop.wait())
     try:
         # A worker that dies (e.g. the server went away) ends the process too.

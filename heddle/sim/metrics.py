@@ -33,6 +33,13 @@ class SimResult:
     prefill_tokens: int = 0
     # Generated tokens made by verify passes of drafts (the cluster's `speculation`).
     speculated_tokens: int = 0
+    # Disaggregated prefill (the cluster's `disaggregation`): prefills handed to decode
+    # instances, the KV transfer time of those and of their pulls, the tokens prefilled
+    # on prefill instances, and instances that switched role.
+    kv_handoffs: int = 0
+    handoff_s: float = 0.0
+    offloaded_prefill_tokens: int = 0
+    role_switches: int = 0
 
     @property
     def throughput_tok_s(self) -> float:
@@ -50,6 +57,10 @@ class SimResult:
             "recomputed_moves": self.recomputed_moves,
             "prefill_tokens": self.prefill_tokens,
             "speculated_tokens": self.speculated_tokens,
+            "kv_handoffs": self.kv_handoffs,
+            "handoff_s": self.handoff_s,
+            "offloaded_prefill_tokens": self.offloaded_prefill_tokens,
+            "role_switches": self.role_switches,
             "reconfigurations": self.reconfigurations,
             "reconfiguration_s": self.reconfiguration_s,
             "gpu_busy_frac": self.gpu_busy_frac,

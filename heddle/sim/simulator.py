@@ -11,10 +11,17 @@ its KV is transferred (decoding pauses for the transfer) and it resumes from the
 already made, as a retried live step resumes from its heartbeat. A policy whose split
 reshapes during rollout retires idle instances and starts a new one in their GPUs, which
 takes requests once its restart (the cost model's reconfiguration time) is over.
+
+With the cluster's `disaggregation`, some instances serve prefill only (their roles
+switched by `scheduler.roles` every half horizon): a step with enough uncached context
+prefills there, its cached KV pulled from its decode instance first and the new KV sent
+back after, each at the interconnect's cost; its decode instance (the one the policy
+chose) then makes the rest of its tokens. The policies see the decode instances only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import time
@@ -37,8 +44,9 @@ from scheduler.interface import (
     Policy,
 )
 from scheduler.reshape import GpuLayout
+from scheduler.roles import DECODE, PREFILL, PrefillForecast, RoleInstance, prefill_instances
 
-ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE, CALL = 0, 1, 2, 3, 4, 5, 6
+ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE, CALL, PREFILL_IN, HANDOFF, ROLES = range(10)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,8 @@ class _Trajectory:
     ready_at: float = 0.0  # when its tool returned (or 0): no step may start before
     step_offset: int = 0  # tokens of the current step made on instances it moved away from
     in_tool: bool = False  # its tool call runs: no request of it is anywhere
+    prefilling_on: str | None = None  # the prefill instance its step prefills on
+    decision: Decision | None = None  # where its step decodes once prefilled elsewhere
     dropped: bool = False  # dropped mid-run (`Simulator.drop`): it ends where it is
 
 
@@ -92,6 +102,8 @@ class _Instance:
     refilled: int = 0
     peak_kv_tokens: int = 0
     intervals: list[list[float]] = field(default_factory=list)
+    serving: str = DECODE  # PREFILL: it takes prefills, and no new decodes
+    prefills: set[str] = field(default_factory=set)  # its requests that only prefill
 
     def add_busy(self, start: float, end: float) -> None:
         self.busy_s += end - start
@@ -156,6 +168,18 @@ class Simulator:
         self.recomputed_moves = 0
         self.prefill_tokens = 0
         self.speculated_tokens = 0
+        # Disaggregation: KV handoffs from prefill to decode instances, their time, the
+        # tokens prefilled on prefill instances, and role switches.
+        self.disaggregation = cluster.disaggregation
+        if self.disaggregation is not None and not kv_transfer:
+            raise ValueError("disaggregation needs KV transfer between instances")
+        self.prefill_forecast = PrefillForecast(
+            self.disaggregation.min_prefill_tokens if self.disaggregation else 0
+        )
+        self.kv_handoffs = 0
+        self.handoff_s = 0.0
+        self.offloaded_prefill_tokens = 0
+        self.role_switches = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
         self._state_list: list[InstanceState] | None = None
@@ -164,6 +188,8 @@ class Simulator:
         self.on_finished: Callable[[str], None] | None = None
         self._review_pending = False
         self._stopped = False
+        if self.disaggregation is not None:
+            self._plan_roles()
 
     def _new_instance(self, ispec: InstanceSpec) -> _Instance:
         core, cost = modelled_core(self.cluster, ispec.tp, self.policy.order.queue)
@@ -182,6 +208,8 @@ class Simulator:
         self._schedule_review(REVIEW_EVERY_S)
         if self.sample_every_s > 0:
             self._push(0.0, SAMPLE, None)
+        if self.disaggregation is not None and self.disaggregation.roles == "forecast":
+            self._push(self.disaggregation.horizon_s / 2, ROLES, None)
         while self._heap and not self._stopped:
             t, _, kind, ref = heapq.heappop(self._heap)
             self.now = t
@@ -197,6 +225,14 @@ class Simulator:
                 self._sample()
             elif kind == CALL:
                 ref()  # type: ignore[operator]
+            elif kind == PREFILL_IN:
+                self._prefill_in(*ref)  # type: ignore[misc]
+            elif kind == HANDOFF:
+                self._handoff(*ref)  # type: ignore[misc]
+            elif kind == ROLES:
+                self._plan_roles()
+                if self._unfinished:
+                    self._push(self.now + self.disaggregation.horizon_s / 2, ROLES, None)  # type: ignore[union-attr]
             else:
                 iid: str
                 version: int
@@ -230,8 +266,9 @@ class Simulator:
         """What policies see of the instances; entries are refreshed as counts change, so
         a decision costs no more than the policy's own scan."""
         if self._state_list is None:
-            self._state_list = [self._state(i) for i in self.instances.values()]
-            self._state_pos = {iid: k for k, iid in enumerate(self.instances)}
+            shown = [i for i in self.instances.values() if i.serving == DECODE]
+            self._state_list = [self._state(i) for i in shown]
+            self._state_pos = {i.spec.instance_id: k for k, i in enumerate(shown)}
         return self._state_list
 
     @staticmethod
@@ -245,7 +282,9 @@ class Simulator:
         if self._state_list is None:
             return
         for inst in instances:
-            self._state_list[self._state_pos[inst.spec.instance_id]] = self._state(inst)
+            pos = self._state_pos.get(inst.spec.instance_id)
+            if pos is not None:
+                self._state_list[pos] = self._state(inst)
 
     def _event(self, traj: _Trajectory, made: int = 0) -> TrajectoryView:
         """What the policy sees of a trajectory; `made`: tokens of a step in progress."""
@@ -258,11 +297,14 @@ class Simulator:
             if traj.finished_at < 0:
                 self._end_dropped(traj)
             return
+        if traj.view.step_index and traj.view.last_tool is not None:
+            self.prefill_forecast.observe(traj.view.last_tool_output_tokens)
         decision = self.policy.decide(self._event(traj), self._states(), self.now)
         if decision.instance_id not in self.instances:
             raise ValueError(
                 f"policy {self.policy.name} chose unknown instance {decision.instance_id}"
             )
+        decision = self._to_decode_instance(decision)
         # Counted from the decision on: a step in transit keeps its target from looking idle.
         target = self.instances[decision.instance_id]
         target.in_flight += 1
@@ -322,6 +364,20 @@ class Simulator:
         self._materialise(inst)
         if migrated_tokens:
             inst.core.put_prefix(tid, migrated_tokens)
+        if not traj.step_offset:  # a step moved mid-decode keeps its first submission
+            traj.submitted_at = self.now
+        prefill_on = self._prefill_instance_for(traj, inst)
+        if prefill_on is None:
+            self._enqueue(traj, inst, decision)
+        else:
+            holder = left if left is not None and _held(left, tid) > _held(inst, tid) else inst
+            self._offload_prefill(traj, decision, holder, prefill_on)
+        if left is not None and left.sessions == 0:
+            self._reshape()
+
+    def _enqueue(self, traj: _Trajectory, inst: _Instance, decision: Decision) -> None:
+        """The step's request into its decode instance's engine."""
+        tid = traj.spec.trajectory_id
         index = traj.view.step_index
         step = traj.spec.steps[index]
         inst.core.add_request(
@@ -336,12 +392,164 @@ class Simulator:
             )
         )
         self._refresh(inst)
-        if not traj.step_offset:  # a step moved mid-decode keeps its first submission
-            traj.submitted_at = self.now
         if not inst.running:
             self._start(inst)
-        if left is not None and left.sessions == 0:
-            self._reshape()
+
+    # ---- disaggregated prefill (`Disaggregation`) -----------------------------------------
+    def _prefill_instance_for(self, traj: _Trajectory, home: _Instance) -> _Instance | None:
+        """The prefill instance a step's prefill goes to, or None to prefill at home: its
+        context uncached there is too short to be worth a handoff, its step makes one
+        token, or no instance serves prefill. The least backlogged one takes it."""
+        config = self.disaggregation
+        if config is None or traj.step_offset:
+            return None
+        tid = traj.spec.trajectory_id
+        if traj.spec.steps[traj.view.step_index].output_tokens < 2:
+            return None
+        if traj.view.context_tokens - _held(home, tid) < config.min_prefill_tokens:
+            return None
+        pool = [i for i in self.instances.values() if i.serving == PREFILL]
+        if not pool:
+            return None
+        # The soonest done: its queue, then what it lacks of this context.
+        context = traj.view.context_tokens
+
+        def done_in_s(i: _Instance) -> float:
+            return self._prefill_backlog_s(i) + (context - _held(i, tid)) / self._prefill_rate(i)
+
+        return min(pool, key=lambda i: (done_in_s(i), i.spec.instance_id))
+
+    def _prefill_backlog_s(self, inst: _Instance) -> float:
+        """Seconds of prefill queued on a prefill instance, at its full-budget rate."""
+        core = inst.core
+        tokens = sum(r.context_tokens - r.num_computed_tokens for r in core.running)
+        tokens += sum(r.context_tokens for r in core.queued())
+        return tokens / self._prefill_rate(inst)
+
+    def _prefill_rate(self, inst: _Instance) -> float:
+        budget = self.cluster.max_num_batched_tokens
+        return budget / inst.cost.prefill_s(budget)
+
+    def _kv_seconds(self, source: _Instance, target: _Instance, tokens: int) -> float:
+        first_gpu = self.layout.first_gpu
+        near = same_node(first_gpu[source.spec.instance_id], first_gpu[target.spec.instance_id])
+        return source.cost.migration_s(tokens, same_node=near, target_tp=target.spec.tp)
+
+    def _offload_prefill(
+        self, traj: _Trajectory, decision: Decision, holder: _Instance, target: _Instance
+    ) -> None:
+        """Send the step's prefill to `target`: the context `holder` (its decode instance,
+        or the one it left) keeps is pulled over first, what `target` lacks of it."""
+        tid = traj.spec.trajectory_id
+        traj.prefilling_on = target.spec.instance_id
+        traj.decision = decision
+        target.in_flight += 1
+        held = _held(holder, tid)
+        pull = held - _held(target, tid)
+        if pull > 0 and holder is not target:
+            seconds = self._kv_seconds(holder, target, pull)
+            self.handoff_s += seconds
+            self._push(self.now + seconds, PREFILL_IN, (tid, held))
+        else:
+            self._prefill_in(tid, 0)
+
+    def _prefill_in(self, tid: str, pulled: int) -> None:
+        traj = self.trajectories[tid]
+        target = self.instances[traj.prefilling_on]  # type: ignore[index]
+        self._materialise(target)  # it may still decode steps it ran before its switch
+        if pulled:
+            target.core.put_prefix(tid, pulled)
+        decision = traj.decision
+        assert decision is not None
+        request_id = f"{tid}#{traj.view.step_index}"
+        target.prefills.add(request_id)
+        target.core.add_request(
+            EngineRequest(
+                request_id=request_id,
+                prefix_key=tid,
+                context_tokens=traj.view.context_tokens,
+                max_new_tokens=1,
+                priority=decision.priority,
+            )
+        )
+        if not target.running:
+            self._start(target)
+
+    def _prefilled(self, inst: _Instance, request_id: str) -> None:
+        """A prefill is done (its first token made): its KV goes to the decode instance."""
+        tid = request_id.rpartition("#")[0]
+        traj = self.trajectories[tid]
+        inst.prefills.discard(request_id)
+        inst.in_flight -= 1
+        traj.prefilling_on = None
+        decision = traj.decision
+        assert decision is not None
+        home = self.instances[decision.instance_id]
+        missing = traj.view.context_tokens - home.core.prefix_cache.get(tid, 0)
+        seconds = self._kv_seconds(inst, home, max(missing, 0))
+        self.kv_handoffs += 1
+        self.handoff_s += seconds
+        self._push(self.now + seconds, HANDOFF, (tid,))
+
+    def _handoff(self, tid: str) -> None:
+        traj = self.trajectories[tid]
+        decision = traj.decision
+        assert decision is not None
+        traj.decision = None
+        home = self.instances[decision.instance_id]
+        if traj.dropped:
+            home.in_flight -= 1
+            self._refresh(home)
+            self._end_dropped(traj)
+            return
+        self._materialise(home)
+        home.core.put_prefix(tid, traj.view.context_tokens)  # else it prefills again there
+        traj.step_offset = 1  # the token the prefill made
+        self._enqueue(traj, home, decision)
+
+    def _to_decode_instance(self, decision: Decision) -> Decision:
+        """A policy that plans on the whole split may name an instance serving prefill
+        now: the step goes to the least busy decode instance as wide (or any)."""
+        inst = self.instances[decision.instance_id]
+        if inst.serving == DECODE:
+            return decision
+        pool = [i for i in self.instances.values() if i.serving == DECODE]
+        same = [i for i in pool if i.spec.tp == inst.spec.tp] or pool
+        best = min(same, key=lambda i: (i.in_flight, i.sessions, i.spec.instance_id))
+        return dataclasses.replace(decision, instance_id=best.spec.instance_id)
+
+    def _plan_roles(self) -> None:
+        """Switch roles to the forecast's (`scheduler.roles.prefill_instances`)."""
+        config = self.disaggregation
+        assert config is not None
+        views = [
+            RoleInstance(
+                iid, i.spec.tp, i.serving, load=i.sessions + i.in_flight,
+                prefill_tokens_per_s=self._prefill_rate(i),
+                kv_capacity_tokens=i.core.limits.kv_capacity_tokens,
+            )
+            for iid, i in self.instances.items()
+        ]  # fmt: skip
+        trajs = self.trajectories.values()
+        unstarted = [t.view.context_tokens for t in trajs
+                     if t.view.previous_instance is None and t.finished_at < 0]  # fmt: skip
+        in_tool = sum(1 for t in trajs if t.in_tool and t.finished_at < 0)
+        decoding = sum(i.core.num_running_kv_tokens for i in self.instances.values()
+                       if i.serving == DECODE)  # fmt: skip
+        wanted = prefill_instances(
+            views,
+            demand_tokens=self.prefill_forecast.demand_tokens(unstarted, in_tool),
+            decoding_kv_tokens=decoding,
+            config=config,
+        )
+        # A switch takes effect at once: a new prefill instance finishes the decodes it
+        # runs, a new decode instance the prefills it has (`prefills` tells them apart).
+        for iid, inst in self.instances.items():
+            role = PREFILL if iid in wanted else DECODE
+            if inst.serving != role:
+                inst.serving = role
+                self.role_switches += 1
+                self._state_list = None
 
     def _materialise(self, inst: _Instance) -> None:
         """Cut a running decode block at the iteration boundary after `now`."""
@@ -386,6 +594,8 @@ class Simulator:
                 self._first_scheduled.setdefault(rid, now)
             inst.pending = out
             self.prefill_tokens += out.num_prefill_tokens
+            if inst.serving == PREFILL:
+                self.offloaded_prefill_tokens += out.num_prefill_tokens
             end = now + out.duration_s
             inst.add_busy(now, end)
         inst.busy_until = end
@@ -403,7 +613,7 @@ class Simulator:
         if out.speculated:
             self.speculated_tokens += sum(out.advanced.values())
         for rid in out.finished:
-            self._step_done(inst, rid)
+            (self._prefilled if rid in inst.prefills else self._step_done)(inst, rid)
         self._start(inst)
 
     def _step_done(self, inst: _Instance, request_id: str) -> None:
@@ -549,6 +759,8 @@ class Simulator:
         events = []
         emptying = self.policy.emptying
         for inst in self.instances.values():
+            if inst.serving == PREFILL:
+                continue
             # Tokens made inside a decode block so far (the block is not cut to look).
             in_block = 0
             if inst.block is not None:
@@ -574,7 +786,7 @@ class Simulator:
             for tid, decision in moves.items():
                 if tid not in shown or decision.instance_id not in self.instances:
                     raise ValueError(f"policy {self.policy.name} moves {tid} to an unknown place")
-                self._move_running(tid, *shown[tid], decision)
+                self._move_running(tid, *shown[tid], self._to_decode_instance(decision))
         self._review_pending = False
         if self._unfinished:
             self._schedule_review(self.now + REVIEW_EVERY_S)
@@ -670,6 +882,10 @@ class Simulator:
             recomputed_moves=self.recomputed_moves,
             prefill_tokens=self.prefill_tokens,
             speculated_tokens=self.speculated_tokens,
+            kv_handoffs=self.kv_handoffs,
+            handoff_s=self.handoff_s,
+            offloaded_prefill_tokens=self.offloaded_prefill_tokens,
+            role_switches=self.role_switches,
             reconfigurations=self.reconfigurations,
             reconfiguration_s=self.reconfiguration_s,
             gpu_busy_frac=busy_gpu_s / (self.num_gpus * makespan) if makespan > 0 else 0.0,
@@ -693,6 +909,11 @@ class Simulator:
             token_events=self.token_events,
             wall_s=wall_s,
         )
+
+
+def _held(inst: _Instance, tid: str) -> int:
+    """Tokens of a trajectory's context an instance keeps cached."""
+    return inst.core.prefix_cache.get(tid, 0)
 
 
 def simulate(

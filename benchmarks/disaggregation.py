@@ -1,0 +1,147 @@
+"""Prefill/decode disaggregation (issue 31, Prorsa's lever) on the robustness benchmark's
+random draws and on the paper setting: each policy's rollout with prefill and decode
+co-located (every instance does both, as vLLM does by default), against a static prefill
+pool and against roles switched from the forecast demand (`scheduler.roles`).
+
+    python benchmarks/disaggregation.py [--first 1000] [--draws 10] [--prompts 50]
+                                        [--policies verl,war,heddle] [--share 0.125]
+                                        [--min-prefill 512] [--paper] [--jobs 2]
+
+`--share S`: the static pool is the narrowest instances on that share of the GPUs; the
+forecast's pool grows to at most twice that. Per draw and
+policy it prints the co-located makespan and, per mode, co-located over disaggregated
+(above 1: disaggregation pays), with the share of prefill tokens that left their decode
+instance; then each (policy, mode)'s spread, and heddle over the best peer in each mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from paper_setting import MODELS as PAPER_MODELS  # this folder's siblings
+from paper_setting import WORKLOADS
+from robustness import Draw
+from speculation import cluster_of, traces_of
+
+from heddle.config import DisaggregationConfig
+from heddle.sim import simulate
+from scheduler.interface import PolicyContext
+from scheduler.registry import create_policy
+
+MODES = ("static", "forecast")
+
+
+def run_case(
+    key: str, mode: str | None, policies: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One draw (or paper cell) in one mode (None: co-located)."""
+    started = time.perf_counter()
+    trace, history = traces_of(key, args.prompts, args.samples)
+    cluster = cluster_of(key)
+    if mode is not None:
+        share = args.share if mode == "static" else min(0.5, 2 * args.share)
+        config = DisaggregationConfig(
+            roles=mode, prefill_share=share, min_prefill_tokens=args.min_prefill
+        )
+        cluster = cluster.model_copy(update={"disaggregation": config})
+    shape = cluster.shape()
+    results = {}
+    for name in policies:
+        ctx = PolicyContext(shape, tuple(history), tuple(trace), 0)
+        results[name] = simulate(trace, create_policy(name, ctx), shape)
+    return {
+        "key": key,
+        "mode": mode,
+        "makespan_s": {p: r.makespan_s for p, r in results.items()},
+        "offloaded": {
+            p: r.offloaded_prefill_tokens / max(1, r.prefill_tokens) for p, r in results.items()
+        },
+        "switches": {p: r.role_switches for p, r in results.items()},
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--first", type=int, default=1000)
+    ap.add_argument("--draws", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--policies", default="verl,war,heddle")
+    ap.add_argument("--share", type=float, default=0.125)
+    ap.add_argument("--min-prefill", type=int, default=512)
+    ap.add_argument("--paper", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    policies = args.policies.split(",")
+    if args.paper:
+        keys = [f"{m}/{w}" for m in PAPER_MODELS for w in WORKLOADS]
+    else:
+        keys = [f"draw{i}" for i in range(args.first, args.first + args.draws)]
+    cases = [(k, m) for k in keys for m in (None, *MODES)]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {case: pool.submit(run_case, *case, policies, args) for case in cases}
+        done = {case: f.result() for case, f in futures.items()}
+
+    head = " | ".join(f"co-located / {m} (offloaded, switches)" for m in MODES)
+    print(f"| case | policy | co-located (s) | {head} |")
+    print("|---|---|---:|" + "---:|" * len(MODES))
+    gains: dict[tuple[str, str], list[float]] = {}
+    leads: dict[tuple[str, str], list[float]] = {}
+    lead_rows: list[str] = []
+    for key in keys:
+        plain = done[(key, None)]
+        label = key
+        if key.startswith("draw"):
+            d = Draw.of(int(key[4:]))
+            label = f"{d.index} {d.model} {d.cluster}"
+        for p in policies:
+            cols = []
+            for m in MODES:
+                run = done[(key, m)]
+                ratio = plain["makespan_s"][p] / run["makespan_s"][p]
+                gains.setdefault((p, m), []).append(ratio)
+                cols.append(f"{ratio:.3f} ({run['offloaded'][p]:.0%}, {run['switches'][p]})")
+            print(f"| {label} | {p} | {plain['makespan_s'][p]:.1f} | " + " | ".join(cols) + " |")
+        heddles = [p for p in policies if p.startswith("heddle")]
+        peers = [p for p in policies if not p.startswith("heddle")]
+        for h in heddles if peers else ():
+            row = []
+            for m, run in (("co-located", plain), *((m, done[(key, m)]) for m in MODES)):
+                lead = min(run["makespan_s"][p] for p in peers) / run["makespan_s"][h]
+                leads.setdefault((h, m), []).append(lead)
+                row.append(f"{lead:.3f}")
+            lead_rows.append(f"| {label} | {h} | " + " | ".join(row) + " |")
+    print()
+    print("| policy | mode | co-located / disaggregated: min / median / max |")
+    print("|---|---|---|")
+    for (p, m), values in gains.items():
+        print(f"| {p} | {m} | {_spread(values)} |")
+    if leads:
+        print()
+        print("| case | heddle / best peer: | co-located | " + " | ".join(MODES) + " |")
+        print("|---|---|---:|" + "---:|" * len(MODES))
+        print("\n".join(lead_rows))
+        print()
+        print("| policy | mode | heddle / best peer: min / median / max |")
+        print("|---|---|---|")
+        for (h, m), values in leads.items():
+            print(f"| {h} | {m} | {_spread(values)} |")
+    print(f"\n{len(cases)} runs in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
