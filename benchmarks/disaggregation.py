@@ -8,7 +8,9 @@ pool and against roles switched from the forecast demand (`scheduler.roles`).
                                         [--min-prefill 512] [--paper] [--jobs 2]
 
 `--share S`: the static pool is the narrowest instances on that share of the GPUs; the
-forecast's pool grows to at most twice that. Per draw and
+forecast's pool grows to at most twice that. A third mode, `free`, bounds what any
+disaggregation could buy: co-located, with every iteration's prefill tokens costing
+nothing (as if an unlimited pool prefilled them and the KV arrived at once). Per draw and
 policy it prints the co-located makespan and, per mode, co-located over disaggregated
 (above 1: disaggregation pays), with the share of prefill tokens that left their decode
 instance; then each (policy, mode)'s spread, and heddle over the best peer in each mode.
@@ -17,9 +19,11 @@ instance; then each (policy, mode)'s spread, and heddle over the best peer in ea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -28,12 +32,30 @@ from paper_setting import WORKLOADS
 from robustness import Draw
 from speculation import cluster_of, traces_of
 
+from engines.costmodel import CostModel
 from heddle.config import DisaggregationConfig
 from heddle.sim import simulate
 from scheduler.interface import PolicyContext
 from scheduler.registry import create_policy
 
-MODES = ("static", "forecast")
+MODES = ("static", "forecast", "free")
+
+
+@contextlib.contextmanager
+def _prefill_for_free(on: bool) -> Iterator[None]:
+    """While on, iterations cost only their decodes (in this process)."""
+    plain = CostModel.iteration_s
+
+    def decodes_only(self: CostModel, **kw: Any) -> float:
+        kw.update(num_prefill_tokens=0, prefill_attended_tokens=0.0, prefill_cached_tokens=0)
+        return plain(self, **kw) if kw["num_decode_seqs"] else 1e-6
+
+    if on:
+        CostModel.iteration_s = decodes_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CostModel.iteration_s = plain  # type: ignore[method-assign]
 
 
 def run_case(
@@ -43,7 +65,7 @@ def run_case(
     started = time.perf_counter()
     trace, history = traces_of(key, args.prompts, args.samples)
     cluster = cluster_of(key)
-    if mode is not None:
+    if mode not in (None, "free"):
         share = args.share if mode == "static" else min(0.5, 2 * args.share)
         config = DisaggregationConfig(
             roles=mode, prefill_share=share, min_prefill_tokens=args.min_prefill
@@ -53,7 +75,8 @@ def run_case(
     results = {}
     for name in policies:
         ctx = PolicyContext(shape, tuple(history), tuple(trace), 0)
-        results[name] = simulate(trace, create_policy(name, ctx), shape)
+        with _prefill_for_free(mode == "free"):
+            results[name] = simulate(trace, create_policy(name, ctx), shape)
     return {
         "key": key,
         "mode": mode,
