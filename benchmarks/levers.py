@@ -13,16 +13,19 @@ cold start), per case and policy, with:
 - `libra`: the same, with the tail's idle engines training on the finished trajectories
   (`heddle.sim.reallocation`);
 - `spec`: the same as sync, with suffix speculation on every engine at `--acceptance`;
+- `pd`: the same as sync, with prefill/decode disaggregation, roles from the forecast
+  (the cluster file's `disaggregation: {}`, `scheduler.roles`);
 - `async`: three quarters of the GPUs roll out and the rest train, S = 1, stale tokens
   out of the loss (`heddle.sim.campaign`);
-- `spec+libra` and `spec+async`: the levers together (Libra's reallocation inside the
-  asynchronous campaign is not built, so the three do not combine).
+- `spec+libra`, `spec+async`, `pd+async`, `spec+pd+libra` and `spec+pd+async`: the
+  levers together (Libra's reallocation inside the asynchronous campaign is not built,
+  so Libra and async do not combine).
 
 Cases are the paper setting's cells (64 H100, seed 0, `--prompts` x 16) and robustness
 draws (`benchmarks/robustness.py`'s draws: a random family, model and cluster). Prints
 per case and policy the campaign's time with each lever, and its speed-up over the same
 policy's synchronous campaign (above 1: the lever pays); then heddle's best over the best
-peer's best. Prorsa's prefill/decode roles (issue 31, item 3) are not built.
+peer's best.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from paper_setting import MODELS as PAPER_TP  # this folder's siblings
 from robustness import Draw
 
 from engines.costmodel import train_step_s, weight_sync_s
-from heddle.config import ClusterConfig, SpeculationConfig
+from heddle.config import ClusterConfig, DisaggregationConfig, SpeculationConfig
 from heddle.families import generate_family
 from heddle.hardware import GPUS, MODELS
 from heddle.sim import simulate
@@ -50,7 +53,10 @@ from heddle.workloads import generate
 from scheduler.interface import PolicyContext
 from scheduler.registry import create_policy, learns_from_history
 
-LEVERS = ("sync", "libra", "spec", "async", "spec+libra", "spec+async")
+LEVERS = (
+    "sync", "libra", "spec", "pd", "async", "spec+libra", "spec+async", "pd+async",
+    "spec+pd+libra", "spec+pd+async",
+)  # fmt: skip
 STALENESS = 1
 
 
@@ -73,21 +79,23 @@ def _cluster(case: str) -> ClusterConfig:
 
 
 def run_campaign(
-    case: str, policy: str, spec: bool, asynchronous: bool, iterations: int, prompts: int,
-    samples: int, acceptance: float,
+    case: str, policy: str, spec: bool, pd: bool, asynchronous: bool, iterations: int,
+    prompts: int, samples: int, acceptance: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One policy's campaign of `iterations` train steps on one case: synchronous (with
     and without Libra's tail, from the same rollouts) or asynchronous; with or without
-    speculation. Returns each lever's campaign time."""
+    speculation and disaggregation. Returns each lever's campaign time."""
     started = time.perf_counter()
     cluster = _cluster(case)
     if spec:
         cluster = cluster.model_copy(
             update={"speculation": SpeculationConfig(acceptance=acceptance)}
         )
+    if pd:
+        cluster = cluster.model_copy(update={"disaggregation": DisaggregationConfig()})
     shape = cluster.shape()
     model, gpu = MODELS[shape.model], GPUS[shape.gpu]
-    prefix = "spec+" if spec else ""
+    prefix = ("spec+" if spec else "") + ("pd+" if pd else "")
     if asynchronous:
         rollout_gpus = shape.num_gpus * 3 // 4
         rollout = dataclasses.replace(shape, num_gpus=rollout_gpus)
@@ -116,7 +124,7 @@ def run_campaign(
         sync = max(weight_sync_s(model, int(inst["tp"])) for inst in result.instances)  # type: ignore[call-overload]
         plain += result.makespan_s + train + sync
         libra += result.makespan_s + tail + sync
-    return {"spec" if spec else "sync": plain, f"{prefix}libra": libra,
+    return {prefix.removesuffix("+") or "sync": plain, f"{prefix}libra": libra,
             "wall_s": time.perf_counter() - started}  # fmt: skip
 
 
@@ -141,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [
-            ((c, p), pool.submit(run_campaign, c, p, spec, asynchronous, args.iterations,
+            ((c, p), pool.submit(run_campaign, c, p, spec, pd, asynchronous, args.iterations,
                                  args.prompts, args.samples, args.acceptance))
-            for c in cases for p in policies for spec in (False, True)
+            for c in cases for p in policies for spec in (False, True) for pd in (False, True)
             for asynchronous in (False, True)
         ]  # fmt: skip
         times: dict[tuple[str, str], dict[str, float]] = {}

@@ -6,10 +6,12 @@ publishes only its idea (a short-horizon forecast of both demands from the traje
 lifecycles, and engines that switch roles to match); the rules here are ours:
 
 - prefill demand over the next `horizon_s`: every trajectory yet to start prefills its
-  prompt, and every trajectory in a tool call prefills its observation when the tool
-  returns (predicted by the mean observation seen so far: a trajectory's own result is
-  not read before it returns); only prefills of at least `min_prefill_tokens` count,
-  as only those leave their decode instance;
+  prompt, and every trajectory in a tool call, or decoding after one (it is likely to
+  call another), prefills a tool result, predicted by the mean result seen so far (a
+  trajectory's own is not read before it returns); only prefills of at least
+  `min_prefill_tokens` count, as only those leave their decode instance. Counting the
+  decoding ones keeps the demand from flickering to nothing each time the few
+  trajectories of a tail are all decoding at once;
 - a prefill pool pays only by keeping prefills out of decode iterations: while nothing
   decodes (a batch's first burst of prompts) every instance prefills its own;
 - enough prefill instances for that demand to be prefilled within the horizon, those
@@ -66,14 +68,14 @@ class PrefillForecast:
     def mean_observation(self) -> float:
         return self.observed_tokens / self.num_observed if self.num_observed else 0.0
 
-    def demand_tokens(self, unstarted_prompts: Sequence[int], num_in_tool: int) -> int:
-        """Tokens of prefill due: the prompts yet to start, and an observation for each
-        trajectory in a tool call."""
+    def demand_tokens(self, unstarted_prompts: Sequence[int], num_tool_users: int) -> int:
+        """Tokens of prefill due: the prompts yet to start, and a tool result for each
+        trajectory in a tool call or decoding after one."""
         threshold = self.min_prefill_tokens
         tokens = sum(p for p in unstarted_prompts if p >= threshold)
         observation = self.mean_observation
         if observation >= threshold:
-            tokens += round(observation * num_in_tool)
+            tokens += round(observation * num_tool_users)
         return tokens
 
 

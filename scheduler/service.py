@@ -135,9 +135,15 @@ class SchedulerService:
             load[iid] += n
         return dict(load)
 
-    def in_tool_calls(self) -> int:
-        """Trajectories between steps: started, not finished, no step in flight."""
-        return sum(1 for tid in self._last_instance if tid not in self._running)
+    def tool_users(self) -> int:
+        """Trajectories started and not finished that are between steps (in a tool call)
+        or ran a tool before the step they run."""
+        return sum(
+            1
+            for tid in self._last_instance
+            if tid not in self._running
+            or ((r := self._last_request.get(tid)) is not None and r.view.num_tool_calls)
+        )
 
     def reviews(self) -> bool:
         """Whether any policy here reviews steps in progress (else a review is a no-op)."""

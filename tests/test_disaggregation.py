@@ -77,13 +77,13 @@ def test_a_static_pool_is_the_narrowest_instances_on_its_share() -> None:
 
 def test_the_forecast_predicts_observations_from_those_seen() -> None:
     forecast = PrefillForecast(min_prefill_tokens=512)
-    assert forecast.demand_tokens([600, 100], num_in_tool=10) == 600  # nothing seen yet
+    assert forecast.demand_tokens([600, 100], num_tool_users=10) == 600  # nothing seen yet
     forecast.observe(1000)
     forecast.observe(2000)
-    assert forecast.demand_tokens([], num_in_tool=4) == 6000
+    assert forecast.demand_tokens([], num_tool_users=4) == 6000
     small = PrefillForecast(min_prefill_tokens=512)
     small.observe(300)  # below the threshold: they stay on their decode instances
-    assert small.demand_tokens([], num_in_tool=100) == 0
+    assert small.demand_tokens([], num_tool_users=100) == 0
 
 
 def _search_like(n: int) -> list[TrajectorySpec]:
@@ -242,3 +242,42 @@ def test_live_simulated_engines_prefill_on_the_pool(
     # Every observation (2,500 tokens, 4 a trajectory) prefilled on the pool.
     assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4 * 12
     assert _metric("heddle_offloaded_prefill_tokens_total") - tokens >= 4 * 12 * 2500
+
+
+def test_live_idle_instances_take_up_prefill_in_the_tail(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    """The forecast's roles on the live stack: once the short trajectories are done,
+    idle instances prefill the long ones' tool results."""
+    import asyncio
+
+    from heddle.client import HeddleClient
+    from heddle.config import ClusterConfig, DisaggregationConfig
+    from heddle.trace import TraceRecord
+    from heddle.types import RolloutOptions
+    from tests.live import in_process_worker
+
+    config = DisaggregationConfig(roles="forecast", prefill_share=0.5, horizon_s=2.0)
+    cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=8, disaggregation=config)
+    short = [TrajectorySpec(f"s{k}", f"gs{k // 8}", 600, (StepSpec(400),), "search")
+             for k in range(24)]  # fmt: skip
+    long = [dataclasses.replace(t, steps=t.steps[:-1] * 3 + t.steps[-1:])
+            for t in _search_like(4)]  # fmt: skip
+    handoffs = _metric("heddle_prefill_handoffs_total")
+
+    async def run() -> int:
+        async with in_process_worker(
+            temporal_address, store_url, queue_prefix, time_scale=0.1, cluster=cluster
+        ):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                handle = await client.start_rollout(
+                    records=[TraceRecord(s) for s in [*short, *long]], options=RolloutOptions()
+                )
+                report = await asyncio.wait_for(handle.report(), 300)
+                return report.completed
+
+    assert asyncio.run(run()) == 28
+    assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4

@@ -173,7 +173,7 @@ class EngineHost:
         )
         wanted = prefill_instances(
             views,
-            demand_tokens=forecast.demand_tokens([], self.service.in_tool_calls()),
+            demand_tokens=forecast.demand_tokens([], self.service.tool_users()),
             decoding_kv_tokens=decoding,
             config=prefills.config,
         )

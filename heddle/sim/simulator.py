@@ -533,12 +533,14 @@ class Simulator:
         trajs = self.trajectories.values()
         unstarted = [t.view.context_tokens for t in trajs
                      if t.view.previous_instance is None and t.finished_at < 0]  # fmt: skip
-        in_tool = sum(1 for t in trajs if t.in_tool and t.finished_at < 0)
+        tool_users = sum(
+            1 for t in trajs if t.finished_at < 0 and (t.in_tool or t.view.num_tool_calls)
+        )
         decoding = sum(i.core.num_running_kv_tokens for i in self.instances.values()
                        if i.serving == DECODE)  # fmt: skip
         wanted = prefill_instances(
             views,
-            demand_tokens=self.prefill_forecast.demand_tokens(unstarted, in_tool),
+            demand_tokens=self.prefill_forecast.demand_tokens(unstarted, tool_users),
             decoding_kv_tokens=decoding,
             config=config,
         )
