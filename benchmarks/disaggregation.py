@@ -74,7 +74,7 @@ def run_case(
     shape = cluster.shape()
     results = {}
     for name in policies:
-        ctx = PolicyContext(shape, tuple(history), tuple(trace), 0)
+        ctx = PolicyContext(shape.for_placement(), tuple(history), tuple(trace), 0)
         with _prefill_for_free(mode == "free"):
             results[name] = simulate(trace, create_policy(name, ctx), shape)
     return {

@@ -44,7 +44,7 @@ def run_bench(
 ) -> BenchResult:
     """Simulate each policy on the trace; unknown names fail before any run."""
     shape = cluster.shape()
-    ctx = PolicyContext(shape, tuple(history), tuple(trace), predictor_seed)
+    ctx = PolicyContext(shape.for_placement(), tuple(history), tuple(trace), predictor_seed)
     built = [create_policy(name, ctx) for name in policies]  # validates every name first
     bench = BenchResult(lower_bound(trace, shape))
     for policy in built:

@@ -4,6 +4,7 @@ iteration times from them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights
@@ -114,3 +115,20 @@ class ClusterShape:
     kv_release_evicted: bool = True  # EngineLimits.release_evicted
     speculation: Speculation | None = None  # off unless the cluster file asks
     disaggregation: Disaggregation | None = None  # off (prefill and decode co-located)
+
+    @property
+    def prefill_pool_gpus(self) -> int:
+        """GPUs a static prefill pool holds: `prefill_share` of them, in instances of
+        `default_tp`, at least one, never all."""
+        config = self.disaggregation
+        if config is None or config.roles != "static":
+            return 0
+        tp = self.default_tp
+        gpus = int(config.prefill_share * self.num_gpus) // tp * tp
+        return min(max(gpus, tp), self.num_gpus - tp)
+
+    def for_placement(self) -> ClusterShape:
+        """The cluster the policies split and place on: without a static prefill pool's
+        GPUs (a simulation adds the pool beside their split)."""
+        pool = self.prefill_pool_gpus
+        return dataclasses.replace(self, num_gpus=self.num_gpus - pool) if pool else self

@@ -127,9 +127,12 @@ def test_prefills_run_on_the_prefill_pool_and_their_kv_moves_to_the_decode_insta
     cost = CostModel.of(cluster, 1)
     one = cost.migration_s(2500, same_node=True, target_tp=1)
     assert apart.handoff_s >= 4 * 48 * one
-    # The pool is the one TP-1 instance of the four (a quarter of the GPUs); it decoded
-    # nothing: its busy time is prefill only, and the decode instances prefilled less.
-    assert apart.role_switches == 1
+    # The pool is one TP-1 instance beside the policy's split of the other three GPUs (a
+    # quarter of the four): it never switched, and the decode instances prefilled less.
+    assert apart.role_switches == 0
+    pool = [i for i in apart.instances if i["role"] == PREFILL]
+    assert [(i["instance_id"], i["tp"]) for i in pool] == [("prefill0", 1)]
+    assert sum(int(i["tp"]) for i in apart.instances) == 4  # type: ignore[call-overload]
     assert apart.prefill_tokens - apart.offloaded_prefill_tokens < together.prefill_tokens / 2
 
 

@@ -143,7 +143,11 @@ class Simulator:
             raise ValueError("trajectory ids repeat in the trace")
         # A planning policy sees every first step before the split is read.
         policy.on_batch_start([self._event(t) for t in self.trajectories.values()])
-        split = policy.split.instances(num_gpus)
+        # A static prefill pool sits beside the policy's split, on GPUs the policy does not
+        # plan (`ClusterShape.for_placement`); a planner that split every GPU (its
+        # PolicyContext made for the whole cluster) gives up its narrowest instead.
+        pool_gpus = cluster.prefill_pool_gpus
+        split = policy.split.instances(num_gpus - pool_gpus)
         split_gpus = sum(ispec.tp for ispec in split)
         if split_gpus > num_gpus:
             raise ValueError(
@@ -151,9 +155,16 @@ class Simulator:
                 f"instances, but it has {num_gpus}: was its PolicyContext made for another "
                 "cluster?"
             )
+        pool: list[InstanceSpec] = []
+        if pool_gpus and split_gpus + pool_gpus <= num_gpus:
+            tp = cluster.default_tp
+            pool = [InstanceSpec(f"prefill{k}", tp, PREFILL) for k in range(pool_gpus // tp)]
         self.instances: dict[str, _Instance] = {
-            ispec.instance_id: self._new_instance(ispec) for ispec in split
+            ispec.instance_id: self._new_instance(ispec) for ispec in [*split, *pool]
         }
+        for ispec in pool:
+            self.instances[ispec.instance_id].serving = PREFILL
+        split = [*split, *pool]
         # Which GPUs each instance holds (widest first, as `GpuLayout.pack` lays a split
         # out for the policies that reshape): a move across nodes goes over the NICs.
         self.layout = GpuLayout.pack([i.instance_id for i in split], [i.tp for i in split])
