@@ -260,7 +260,7 @@ class SchedulerService:
         # Its instance was retired (its KV went with it), or is not this batch's.
         previous_ours = ours.get(previous) if previous in self.tps else None
         decision = self._policies[key].decide(request.view.on(previous_ours), states, now)
-        target = self._offered(live[decision.instance_id])
+        target = self._offered(live.get(decision.instance_id, decision.instance_id))
         decision = replace(
             decision,
             instance_id=target,

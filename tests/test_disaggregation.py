@@ -284,3 +284,16 @@ def test_live_idle_instances_take_up_prefill_in_the_tail(
 
     assert asyncio.run(run()) == 28
     assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4
+
+
+def test_a_static_pool_keeps_its_gpus_out_of_the_policies_cluster() -> None:
+    static = Disaggregation(roles="static", prefill_share=0.125)
+    shape = ClusterShape(model="qwen3-32b", num_gpus=64, default_tp=2, disaggregation=static)
+    assert shape.prefill_pool_gpus == 8
+    assert shape.for_placement().num_gpus == 56
+    tiny = dataclasses.replace(shape, num_gpus=4, disaggregation=static)
+    assert tiny.prefill_pool_gpus == 2  # one instance at least
+    two = dataclasses.replace(shape, num_gpus=2)
+    assert two.prefill_pool_gpus == 0  # never every GPU
+    forecast = dataclasses.replace(shape, disaggregation=Disaggregation())
+    assert forecast.for_placement() is forecast  # the forecast's pool comes from the split

@@ -90,3 +90,25 @@ def test_a_step_decided_again_is_counted_once() -> None:
     assert service.in_flight == {"i0": 0, "i1": 1}
     service.report(StepReport("t0", "i1", 1, 5))
     assert service.in_flight == {"i0": 0, "i1": 0}
+
+
+def test_a_step_named_for_an_instance_no_longer_offered_goes_to_one_that_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planning policy may name an instance of its plan that takes no steps now (it
+    serves prefill, or its engine died): the step goes to an offered one as wide."""
+    monkeypatch.setitem(
+        registry.POLICIES,
+        "test-move",
+        lambda ctx: Policy("test-move", FirstComeFirstServed(), _MoveEachStep(), Homogeneous(1)),
+    )
+    service = SchedulerService(instance_ids=["i0", "i1", "i2"])
+    service.set_instances({"i1": 1, "i2": 1})  # i0 taken for prefill
+    service.observe_loads({"i1": 2})
+    decision = service.decide(_request(0, "test-move"), 0.0)  # the policy names i0
+    assert decision.instance_id == "i2"  # the least busy of those offered
+    assert service.in_flight == {"i0": 0, "i1": 2, "i2": 1}
+    assert service.tool_users() == 0  # its step runs
+    service.report(StepReport("t0", "i2", 0, 40))
+    assert service.tool_users() == 1  # between steps
+    assert service.load_by_instance() == {"i0": 0, "i1": 2, "i2": 1}
