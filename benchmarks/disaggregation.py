@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -29,8 +28,8 @@ from typing import Any
 
 from paper_setting import MODELS as PAPER_MODELS  # this folder's siblings
 from paper_setting import WORKLOADS
-from robustness import Draw
 from speculation import cluster_of, traces_of
+from variants import print_tables
 
 from engines.costmodel import CostModel
 from heddle.config import DisaggregationConfig
@@ -89,10 +88,6 @@ def run_case(
     }
 
 
-def _spread(values: list[float]) -> str:
-    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,50 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         futures = {case: pool.submit(run_case, *case, policies, args) for case in cases}
         done = {case: f.result() for case, f in futures.items()}
 
-    head = " | ".join(f"co-located / {m} (offloaded, switches)" for m in MODES)
-    print(f"| case | policy | co-located (s) | {head} |")
-    print("|---|---|---:|" + "---:|" * len(MODES))
-    gains: dict[tuple[str, str], list[float]] = {}
-    leads: dict[tuple[str, str], list[float]] = {}
-    lead_rows: list[str] = []
-    for key in keys:
-        plain = done[(key, None)]
-        label = key
-        if key.startswith("draw"):
-            d = Draw.of(int(key[4:]))
-            label = f"{d.index} {d.model} {d.cluster}"
-        for p in policies:
-            cols = []
-            for m in MODES:
-                run = done[(key, m)]
-                ratio = plain["makespan_s"][p] / run["makespan_s"][p]
-                gains.setdefault((p, m), []).append(ratio)
-                cols.append(f"{ratio:.3f} ({run['offloaded'][p]:.0%}, {run['switches'][p]})")
-            print(f"| {label} | {p} | {plain['makespan_s'][p]:.1f} | " + " | ".join(cols) + " |")
-        heddles = [p for p in policies if p.startswith("heddle")]
-        peers = [p for p in policies if not p.startswith("heddle")]
-        for h in heddles if peers else ():
-            row = []
-            for m, run in (("co-located", plain), *((m, done[(key, m)]) for m in MODES)):
-                lead = min(run["makespan_s"][p] for p in peers) / run["makespan_s"][h]
-                leads.setdefault((h, m), []).append(lead)
-                row.append(f"{lead:.3f}")
-            lead_rows.append(f"| {label} | {h} | " + " | ".join(row) + " |")
-    print()
-    print("| policy | mode | co-located / disaggregated: min / median / max |")
-    print("|---|---|---|")
-    for (p, m), values in gains.items():
-        print(f"| {p} | {m} | {_spread(values)} |")
-    if leads:
-        print()
-        print("| case | heddle / best peer: | co-located | " + " | ".join(MODES) + " |")
-        print("|---|---|---:|" + "---:|" * len(MODES))
-        print("\n".join(lead_rows))
-        print()
-        print("| policy | mode | heddle / best peer: min / median / max |")
-        print("|---|---|---|")
-        for (h, m), values in leads.items():
-            print(f"| {h} | {m} | {_spread(values)} |")
+    print_tables(
+        keys, policies, MODES, done, plain="co-located", name=str,
+        note=lambda run, p: f"{run['offloaded'][p]:.0%}, {run['switches'][p]}",
+        note_head="offloaded, switches", kind="mode",
+    )  # fmt: skip
     print(f"\n{len(cases)} runs in {time.perf_counter() - started:.0f} s")
     return 0
 

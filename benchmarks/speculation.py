@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +29,7 @@ from typing import Any
 from paper_setting import MODELS as PAPER_MODELS  # this folder's siblings
 from paper_setting import WORKLOADS, paper_traces
 from robustness import Draw
+from variants import print_tables
 
 from heddle.config import ClusterConfig, SpeculationConfig
 from heddle.families import generate_family
@@ -86,10 +86,6 @@ def run_case(
     }
 
 
-def _spread(values: list[float]) -> str:
-    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,51 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         done = {case: f.result() for case, f in futures.items()}
 
-    head = " | ".join(f"plain / a={a} (share)" for a in rates)
-    print(f"| case | policy | plain (s) | {head} |")
-    print("|---|---|---:|" + "---:|" * len(rates))
-    gains: dict[tuple[str, float], list[float]] = {}
-    leads: dict[tuple[str, float], list[float]] = {}
-    lead_rows: list[str] = []
-    for key in keys:
-        plain = done[(key, None)]
-        label = key
-        if key.startswith("draw"):
-            d = Draw.of(int(key[4:]))
-            label = f"{d.index} {d.model} {d.cluster}"
-        for p in policies:
-            cols = []
-            for a in rates:
-                run = done[(key, a)]
-                ratio = plain["makespan_s"][p] / run["makespan_s"][p]
-                gains.setdefault((p, a), []).append(ratio)
-                cols.append(f"{ratio:.3f} ({run['speculated'][p]:.0%})")
-            print(f"| {label} | {p} | {plain['makespan_s'][p]:.1f} | " + " | ".join(cols) + " |")
-        heddles = [p for p in policies if p.startswith("heddle")]
-        peers = [p for p in policies if not p.startswith("heddle")]
-        for h in heddles if peers else ():
-            row = []
-            for a, run in ((0.0, plain), *((a, done[(key, a)]) for a in rates)):
-                lead = min(run["makespan_s"][p] for p in peers) / run["makespan_s"][h]
-                leads.setdefault((h, a), []).append(lead)
-                row.append(f"{lead:.3f}")
-            lead_rows.append(f"| {label} | {h} | " + " | ".join(row) + " |")
-    print()
-    print("| policy | acceptance | plain / speculative: min / median / max |")
-    print("|---|---:|---|")
-    for (p, a), values in gains.items():
-        print(f"| {p} | {a} | {_spread(values)} |")
-    if leads:
-        print()
-        head = " | ".join(f"a={a}" for a in rates)
-        print(f"| case | heddle / best peer: | off | {head} |")
-        print("|---|---|---:|" + "---:|" * len(rates))
-        print("\n".join(lead_rows))
-        print()
-        print("| policy | acceptance | heddle / best peer: min / median / max |")
-        print("|---|---:|---|")
-        for (h, a), values in leads.items():
-            print(f"| {h} | {a or 'off'} | {_spread(values)} |")
+    print_tables(
+        keys, policies, rates, done, plain="plain", name=lambda a: f"a={a}",
+        note=lambda run, p: f"{run['speculated'][p]:.0%}", note_head="share",
+        kind="acceptance",
+    )  # fmt: skip
     print(f"\n{len(cases)} runs in {time.perf_counter() - started:.0f} s")
     return 0
 
