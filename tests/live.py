@@ -57,10 +57,17 @@ async def in_process_worker(
 
 @contextlib.asynccontextmanager
 async def live_client(
-    address: str, store_url: str, prefix: str, *, time_scale: float = 0.05
+    address: str,
+    store_url: str,
+    prefix: str,
+    *,
+    time_scale: float = 0.05,
+    cluster: ClusterConfig = SMALL_CLUSTER,
 ) -> AsyncIterator[HeddleClient]:
     """A worker in this process and a client for it, on a fresh task-queue prefix."""
-    async with in_process_worker(address, store_url, prefix, time_scale=time_scale):
+    async with in_process_worker(
+        address, store_url, prefix, time_scale=time_scale, cluster=cluster
+    ):
         client = await HeddleClient.connect(address, store_url=store_url, queue_prefix=prefix)
         async with client:
             yield client

@@ -203,11 +203,10 @@ def test_live_simulated_engines_prefill_on_the_pool(
     recorded tokens."""
     import asyncio
 
-    from heddle.client import HeddleClient
     from heddle.config import ClusterConfig, DisaggregationConfig
     from heddle.trace import TraceRecord
     from heddle.types import RolloutOptions
-    from tests.live import in_process_worker
+    from tests.live import live_client
 
     config = DisaggregationConfig(roles="static", prefill_share=0.25)
     cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=4, disaggregation=config)
@@ -216,24 +215,20 @@ def test_live_simulated_engines_prefill_on_the_pool(
     tokens = _metric("heddle_offloaded_prefill_tokens_total")
 
     async def run() -> tuple[int, set[str], dict[str, int]]:
-        async with in_process_worker(
+        async with live_client(
             temporal_address, store_url, queue_prefix, time_scale=0.05, cluster=cluster
-        ):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+        ) as client:
+            handle = await client.start_rollout(
+                records=[TraceRecord(s) for s in trace], options=RolloutOptions()
             )
-            async with client:
-                handle = await client.start_rollout(
-                    records=[TraceRecord(s) for s in trace], options=RolloutOptions()
-                )
-                report = await asyncio.wait_for(handle.report(), 300)
-                instances, made = set(), {}
-                for spec in trace:
-                    row = client.store.get_trajectory(handle.batch_id, spec.trajectory_id)
-                    assert row is not None
-                    instances |= {s["instance_id"] for s in row["steps"]}
-                    made[spec.trajectory_id] = sum(s["output_tokens"] for s in row["steps"])
-                return report.completed, instances, made
+            report = await asyncio.wait_for(handle.report(), 300)
+            instances, made = set(), {}
+            for spec in trace:
+                row = client.store.get_trajectory(handle.batch_id, spec.trajectory_id)
+                assert row is not None
+                instances |= {s["instance_id"] for s in row["steps"]}
+                made[spec.trajectory_id] = sum(s["output_tokens"] for s in row["steps"])
+            return report.completed, instances, made
 
     completed, instances, made = asyncio.run(run())
     assert completed == 12
@@ -254,11 +249,10 @@ def test_live_idle_instances_take_up_prefill_in_the_tail(
     idle instances prefill the long ones' tool results."""
     import asyncio
 
-    from heddle.client import HeddleClient
     from heddle.config import ClusterConfig, DisaggregationConfig
     from heddle.trace import TraceRecord
     from heddle.types import RolloutOptions
-    from tests.live import in_process_worker
+    from tests.live import live_client
 
     config = DisaggregationConfig(roles="forecast", prefill_share=0.5, horizon_s=2.0)
     cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=8, disaggregation=config)
@@ -269,18 +263,13 @@ def test_live_idle_instances_take_up_prefill_in_the_tail(
     handoffs = _metric("heddle_prefill_handoffs_total")
 
     async def run() -> int:
-        async with in_process_worker(
+        async with live_client(
             temporal_address, store_url, queue_prefix, time_scale=0.1, cluster=cluster
-        ):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
-            async with client:
-                handle = await client.start_rollout(
-                    records=[TraceRecord(s) for s in [*short, *long]], options=RolloutOptions()
-                )
-                report = await asyncio.wait_for(handle.report(), 300)
-                return report.completed
+        ) as client:
+            records = [TraceRecord(s) for s in [*short, *long]]
+            handle = await client.start_rollout(records=records, options=RolloutOptions())
+            report = await asyncio.wait_for(handle.report(), 300)
+            return report.completed
 
     assert asyncio.run(run()) == 28
     assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4
