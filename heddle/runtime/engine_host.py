@@ -149,7 +149,10 @@ class EngineHost:
                 await asyncio.sleep(MIN_REVIEW_WALL_S)  # the plan comes first
                 continue
             if config.roles == "forecast" or not prefills.serving:
-                self._switch_roles(prefills, forecast)
+                try:
+                    self._switch_roles(prefills, forecast)
+                except Exception:  # the roles stay as they are; the next round tries again
+                    log.exception("planning prefill and decode roles failed")
             await asyncio.sleep(max(MIN_REVIEW_WALL_S, config.horizon_s / 2 * self.time_scale))
 
     def _switch_roles(self, prefills: PrefillPool, forecast: PrefillForecast) -> None:
