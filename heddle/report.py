@@ -110,9 +110,14 @@ def bench_table(result: BenchResult, title: str) -> Table:
     table = Table(title=title)
     columns = ("policy", "makespan s", "throughput tok/s", f"vs {names[0]}", "vs bound",
                "p50 s", "p99 s", "migrations", "GPU busy", "sim s")  # fmt: skip
+    # With a prefill pool (the cluster's `disaggregation`): the share of prefill it took.
+    pooled = any(r.kv_handoffs for r in result.results.values())
+    if pooled:
+        columns = (*columns[:-1], "prefill pooled", columns[-1])
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, r in result.results.items():
+        pool = [f"{r.offloaded_prefill_tokens / max(1, r.prefill_tokens):.0%}"] if pooled else []
         table.add_row(
             name,
             f"{r.makespan_s:,.1f}",
@@ -123,6 +128,7 @@ def bench_table(result: BenchResult, title: str) -> Table:
             f"{r.completion_s['p99']:,.1f}",
             str(r.migrations),
             f"{r.gpu_busy_frac:.0%}",
+            *pool,
             f"{r.wall_s:.1f}",
         )
     return table
