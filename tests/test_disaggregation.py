@@ -286,3 +286,23 @@ def test_a_static_pool_keeps_its_gpus_out_of_the_policies_cluster() -> None:
     assert two.prefill_pool_gpus == 0  # never every GPU
     forecast = dataclasses.replace(shape, disaggregation=Disaggregation())
     assert forecast.for_placement() is forecast  # the forecast's pool comes from the split
+
+
+def test_an_asynchronous_campaign_runs_with_forecast_roles() -> None:
+    """Prompts admitted while other trajectories decode are the demand a pool serves in
+    an asynchronous campaign: roles are planned through every admission."""
+    from heddle.sim.campaign import simulate_async_campaign
+    from heddle.staleness import StalenessBound
+
+    batches = [
+        [dataclasses.replace(t, trajectory_id=f"b{i}-{t.trajectory_id}") for t in _search_like(16)]
+        for i in range(6)
+    ]
+    config = Disaggregation(roles="forecast", prefill_share=0.5, horizon_s=1.0)
+    rollout = ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=6, disaggregation=config)
+    result = simulate_async_campaign(
+        batches, create_policy("least_loaded", PolicyContext(rollout)), rollout,
+        trainer_gpus=2, bound=StalenessBound(1, 16, 16, "partial"), iterations=3,
+    )  # fmt: skip
+    assert len(result.steps) == 3
+    assert all(s.trained_tokens > 0 for s in result.steps)

@@ -198,6 +198,7 @@ class Simulator:
         # Called with a trajectory's id as it finishes (not when dropped).
         self.on_finished: Callable[[str], None] | None = None
         self._review_pending = False
+        self._roles_pending = False
         self._stopped = False
         if self.disaggregation is not None:
             self._plan_roles()
@@ -219,8 +220,7 @@ class Simulator:
         self._schedule_review(REVIEW_EVERY_S)
         if self.sample_every_s > 0:
             self._push(0.0, SAMPLE, None)
-        if self.disaggregation is not None and self.disaggregation.roles == "forecast":
-            self._push(self.disaggregation.horizon_s / 2, ROLES, None)
+        self._schedule_roles()
         while self._heap and not self._stopped:
             t, _, kind, ref = heapq.heappop(self._heap)
             self.now = t
@@ -241,9 +241,10 @@ class Simulator:
             elif kind == HANDOFF:
                 self._handoff(*ref)  # type: ignore[misc]
             elif kind == ROLES:
+                self._roles_pending = False
                 self._plan_roles()
                 if self._unfinished:
-                    self._push(self.now + self.disaggregation.horizon_s / 2, ROLES, None)  # type: ignore[union-attr]
+                    self._schedule_roles()
             else:
                 iid: str
                 version: int
@@ -529,6 +530,13 @@ class Simulator:
         best = min(same, key=lambda i: (i.in_flight, i.sessions, i.spec.instance_id))
         return dataclasses.replace(decision, instance_id=best.spec.instance_id)
 
+    def _schedule_roles(self) -> None:
+        """Plan roles every half horizon while trajectories run (forecast roles only)."""
+        config = self.disaggregation
+        if config is not None and config.roles == "forecast" and not self._roles_pending:
+            self._roles_pending = True
+            self._push(self.now + config.horizon_s / 2, ROLES, None)
+
     def _plan_roles(self) -> None:
         """Switch roles to the forecast's (`scheduler.roles.prefill_instances`)."""
         config = self.disaggregation
@@ -691,6 +699,7 @@ class Simulator:
             self._push(self.now, ARRIVE, tid)
         if trace:
             self._schedule_review(self.now + REVIEW_EVERY_S)
+            self._schedule_roles()
 
     def call_at(self, t: float, callback: Callable[[], None]) -> None:
         """Run `callback` at virtual time `t` (a train step ending, a sync)."""
