@@ -497,8 +497,8 @@ class Simulator:
         decision = traj.decision
         assert decision is not None
         home = self.instances[decision.instance_id]
-        missing = traj.view.context_tokens - home.core.prefix_cache.get(tid, 0)
-        seconds = self._kv_seconds(inst, home, max(missing, 0))
+        missing = traj.view.context_tokens - _held(home, tid)
+        seconds = self._kv_seconds(inst, home, missing) if missing > 0 else 0.0
         self.kv_handoffs += 1
         self.handoff_s += seconds
         self._push(self.now + seconds, HANDOFF, (tid,))
