@@ -213,6 +213,17 @@ class EngineCore:
             self._idle_since[request.prefix_key] = self.clock_s
         return True
 
+    def cached_tokens(self, prefix_key: str) -> int:
+        """Tokens of a trajectory's context kept here as a cached prefix."""
+        return self.prefix_cache.get(prefix_key, 0)
+
+    @property
+    def prefill_backlog_tokens(self) -> int:
+        """Context tokens still to prefill: the running requests' rest and the queued
+        requests' whole contexts (what an instance serving prefill has ahead of it)."""
+        tokens = sum(r.context_tokens - r.num_computed_tokens for r in self.running)
+        return tokens + sum(r.context_tokens for r in self.queued())
+
     def queued(self) -> list[EngineRequest]:
         """Requests not running: those waiting for a seat, then those waiting for room."""
         return [*self.waiting, *self.admitting]

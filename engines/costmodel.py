@@ -203,6 +203,11 @@ class CostModel:
             num_decode_seqs=batch_size, decode_context_tokens=batch_size * context_tokens
         )
 
+    def prefill_tokens_per_s(self, token_budget: int) -> float:
+        """Prefill throughput with every iteration a full `token_budget` of prefill (an
+        instance serving prefill, `Disaggregation`)."""
+        return token_budget / self.prefill_s(token_budget)
+
     def prefill_s(self, num_tokens: int, cached_tokens: int = 0) -> float:
         """Recomputing a context: what a turn on a cold instance pays."""
         return self.iteration_s(

@@ -49,19 +49,16 @@ class PrefillPool:
             if engine is None:
                 continue
             core = engine.core
-            rate = self.rate(iid)
-            backlog = sum(r.context_tokens - r.num_computed_tokens for r in core.running)
-            backlog += sum(r.context_tokens for r in core.queued())
-            lacks = context_tokens - core.prefix_cache.get(trajectory_id, 0)
-            score = (backlog + lacks) / rate
+            lacks = context_tokens - core.cached_tokens(trajectory_id)
+            score = (core.prefill_backlog_tokens + lacks) / self.rate(iid)
             if best is None or score < best[0]:
                 best = (score, iid)
         return self._engine(best[1]) if best else None
 
     def rate(self, instance_id: str) -> float:
         """Prefill tokens a second at a full token budget."""
-        budget = self.pool.shape.cluster.max_num_batched_tokens
-        return budget / self.pool.shape.cost(self.pool.tps[instance_id]).prefill_s(budget)
+        cost = self.pool.shape.cost(self.pool.tps[instance_id])
+        return cost.prefill_tokens_per_s(self.pool.shape.cluster.max_num_batched_tokens)
 
     async def _transfer(self, source: str, target: str, tokens: int) -> None:
         if tokens <= 0:
@@ -79,7 +76,7 @@ class PrefillPool:
         `home`; None where the step prefills at home (too little to prefill, a one-token
         step, no prefill instance)."""
         tid, context = request.prefix_key, request.context_tokens
-        held = home.core.prefix_cache.get(tid, 0)
+        held = home.core.cached_tokens(tid)
         lacking = context - held
         if held and lacking >= 1:  # a later step: what the tool's result added
             self.observe(lacking)
@@ -92,7 +89,7 @@ class PrefillPool:
         target = self._target(tid, context)
         if target is None:
             return None
-        pulled = held - target.core.prefix_cache.get(tid, 0)
+        pulled = held - target.core.cached_tokens(tid)
         if pulled > 0:
             await self._transfer(home.instance_id, target.instance_id, pulled)
             target.core.put_prefix(tid, held)
@@ -106,7 +103,7 @@ class PrefillPool:
             )
         )
         await self._transfer(
-            target.instance_id, home.instance_id, context - home.core.prefix_cache.get(tid, 0)
+            target.instance_id, home.instance_id, context - home.core.cached_tokens(tid)
         )
         home.core.put_prefix(tid, context)  # if it has no room, the rest prefills it again
         metrics.PREFILL_HANDOFFS.inc()

@@ -427,20 +427,12 @@ class Simulator:
         context = traj.view.context_tokens
 
         def done_in_s(i: _Instance) -> float:
-            return self._prefill_backlog_s(i) + (context - _held(i, tid)) / self._prefill_rate(i)
+            return (i.core.prefill_backlog_tokens + context - _held(i, tid)) / self._prefill_rate(i)
 
         return min(pool, key=lambda i: (done_in_s(i), i.spec.instance_id))
 
-    def _prefill_backlog_s(self, inst: _Instance) -> float:
-        """Seconds of prefill queued on a prefill instance, at its full-budget rate."""
-        core = inst.core
-        tokens = sum(r.context_tokens - r.num_computed_tokens for r in core.running)
-        tokens += sum(r.context_tokens for r in core.queued())
-        return tokens / self._prefill_rate(inst)
-
     def _prefill_rate(self, inst: _Instance) -> float:
-        budget = self.cluster.max_num_batched_tokens
-        return budget / inst.cost.prefill_s(budget)
+        return inst.cost.prefill_tokens_per_s(self.cluster.max_num_batched_tokens)
 
     def _kv_seconds(self, source: _Instance, target: _Instance, tokens: int) -> float:
         first_gpu = self.layout.first_gpu
@@ -935,7 +927,7 @@ class Simulator:
 
 def _held(inst: _Instance, tid: str) -> int:
     """Tokens of a trajectory's context an instance keeps cached."""
-    return inst.core.prefix_cache.get(tid, 0)
+    return inst.core.cached_tokens(tid)
 
 
 def simulate(
