@@ -1,15 +1,17 @@
 """Activities of the process that hosts the engines (task queue `control`): the control
 workflow's waits (retiring instances drained, new ones up), a batch's plan and the
-reshape to its split, and a trajectory's KV moved between instances."""
+reshape to its split, a trajectory's KV moved between instances, and engine instances
+lent to a campaign's trainer and given back."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Protocol
 
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
@@ -21,11 +23,14 @@ from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
 from heddle.types import (
     BatchPlanRequest,
+    BlockMove,
     InstancePlan,
     MigrateRequest,
     PlanChange,
     TrajectoryDone,
 )
+from scheduler import plan as plans
+from scheduler.reallocation import Block, blocks_for_trainer
 from scheduler.service import SchedulerService
 from workflows.control import ClusterControlWorkflow
 
@@ -143,6 +148,13 @@ class ControlActivities:
         already runs them; waits until the reshape has run."""
         handle = self._control()
         plan = await handle.query(ClusterControlWorkflow.plan)
+        async with heartbeating():
+            while any(i.state != plans.ACTIVE for i in plan.instances):
+                # A campaign's train step holds some instances (Libra), or they are on
+                # their way there or back: reshape once they are back. (Lent meanwhile,
+                # the update is refused and this activity tried again.)
+                await asyncio.sleep(CLAIM_POLL_S)
+                plan = await handle.query(ClusterControlWorkflow.plan)
         now = sorted((i.instance_id, i.tp, i.first_gpu) for i in plan.instances)
         if now == sorted((i.instance_id, i.tp, i.first_gpu) for i in instances):
             return  # already running (and offered: the plan was read by a reconcile)
@@ -184,6 +196,54 @@ class ControlActivities:
                 self.store.record_engine_weights, self.host.prefix, ref.path, ref.step
             )
         return seconds
+
+    @activity.defn(name=names.LEND_BLOCKS)
+    async def lend_blocks(self, min_gpus: int) -> list[InstancePlan]:
+        """Lend a train step the instances `scheduler.reallocation` picks: every one that
+        holds no trajectory, and the least loaded up to `min_gpus`. Waits while the plan
+        changes (a batch's reshape goes first). Instances already lent (this call, tried
+        again) are returned as they are."""
+        handle = self._control()
+        async with heartbeating():
+            while True:
+                plan = await handle.query(ClusterControlWorkflow.plan)
+                lent = [i for i in plan.instances if i.state == plans.TRAINING]
+                if lent:
+                    return lent
+                if any(i.state != plans.ACTIVE for i in plan.instances):
+                    await asyncio.sleep(CLAIM_POLL_S)
+                    continue
+                # The trajectories each holds, the steps on their way to it and on it.
+                loads = self.host.service.load_by_instance()
+                blocks = [
+                    Block(i.instance_id, i.tp, training=False,
+                          load=loads.get(i.instance_id, 0) + self.host.load(i.instance_id))
+                    for i in plan.instances
+                ]  # fmt: skip
+                taken = blocks_for_trainer(
+                    blocks, trainer_gpus=0, min_gpus=min_gpus, train_left_s=math.inf, join_s=0.0
+                )
+                if not taken:
+                    return []
+                move = BlockMove(to_trainer=taken, reason="a train step borrows them")
+                try:
+                    plan = await handle.execute_update(ClusterControlWorkflow.move_blocks, move)
+                except WorkflowUpdateFailedError:
+                    continue  # the plan changed since it was read: read it again
+                return [i for i in plan.instances if i.instance_id in taken]
+
+    @activity.defn(name=names.GIVE_BACK_BLOCKS)
+    async def give_back_blocks(self, instance_ids: list[str]) -> None:
+        """The lent instances back to the rollout: their engines start again (before the
+        sync, so they load the new weights with the rest)."""
+        handle = self._control()
+        async with heartbeating():
+            plan = await handle.query(ClusterControlWorkflow.plan)
+            states = {i.instance_id: i.state for i in plan.instances}
+            back = [i for i in instance_ids if states.get(i) == plans.TRAINING]
+            if back:
+                move = BlockMove(to_rollout=back, reason="the train step is done")
+                await handle.execute_update(ClusterControlWorkflow.move_blocks, move)
 
     @activity.defn(name=names.WAIT_DRAINED)
     async def wait_drained(self, instance_ids: list[str]) -> None:

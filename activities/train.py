@@ -94,11 +94,13 @@ class TrainerActivities:
         if done is None:
             tokens = await asyncio.to_thread(self._batch_tokens, request.batch_id)
             model, gpu = MODELS[self.shape.model], GPUS[self.shape.gpu]
-            modelled = train_step_s(model, gpu, self.shape.num_gpus, tokens)
+            gpus = request.gpus or self.shape.num_gpus
+            modelled = train_step_s(model, gpu, gpus, tokens)
             began = time.monotonic()
             async with heartbeating():
                 await asyncio.sleep(modelled * self.time_scale)
-            info = {"tokens": tokens, "train_s": modelled, "wall_s": time.monotonic() - began}
+            info = {"tokens": tokens, "train_s": modelled, "gpus": gpus,
+                    "wall_s": time.monotonic() - began}  # fmt: skip
             done = commit(staging_dir(root, step), root, step, {"simulated": True, **info})
         info = trainer_info(done.path)
         return TrainResult(done, 0, int(info["tokens"]), 0.0, 0.0, info["train_s"])

@@ -9,14 +9,17 @@ samples, the workload drifting each iteration).
   rollout runs up to `--staleness` versions ahead of the trainer (AReaL's rule); a stale
   trajectory continues under the new weights with its stale tokens out of the loss
   (`partial`) or is dropped with its group (`drop`); each sync pauses the engines and
-  voids their KV. Its policy is built once, from the iteration before the first.
+  voids their KV. Its policy is built once, from the iteration before the first;
+- with `--libra`, each split also with Libra's reallocation (`scheduler.reallocation`):
+  every GPU runs an engine, a train step borrows at least the split's trainer GPUs and
+  every engine block the rollout leaves idle while it trains, all given back at the sync.
 
 Both run iterations 1..N (iteration 0 is the history), so neither pays a cold start.
 
     python benchmarks/async_campaign.py [--iterations 4] [--staleness 1]
                                         [--splits 40,48] [--modes partial,drop]
                                         [--policies verl,autellix,heddle] [--keep-kv]
-                                        [--jobs 2]
+                                        [--libra] [--jobs 2]
 
 Prints per policy the time of N train steps, synchronous and each asynchronous setting,
 their ratio (above 1: asynchronous is faster), the steady step interval (the mean
@@ -50,10 +53,11 @@ GPUS = 64
 
 def run_async(
     policy: str, rollout_gpus: int, staleness: int, on_stale: str, workload: str, seed: int,
-    prompts: int, samples: int, iterations: int, keep_kv: bool = False,
+    prompts: int, samples: int, iterations: int, keep_kv: bool = False, libra: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     started = time.perf_counter()
-    shape = ClusterConfig(model=MODEL, gpu="h100", num_gpus=rollout_gpus, default_tp=1).shape()
+    engines = GPUS if libra else rollout_gpus  # with Libra's lever every GPU runs an engine
+    shape = ClusterConfig(model=MODEL, gpu="h100", num_gpus=engines, default_tp=1).shape()
     # The rollout runs ahead by up to `staleness` batches, and a dropped group is replaced:
     # enough batches that the data never runs out.
     batches = [
@@ -66,14 +70,16 @@ def run_async(
     result = simulate_async_campaign(
         batches, create_policy(policy, ctx), shape, trainer_gpus=GPUS - rollout_gpus,
         bound=StalenessBound(staleness, batch, batch, on_stale), iterations=iterations,
-        keep_kv=keep_kv,
+        keep_kv=keep_kv, reallocate=libra,
     )  # fmt: skip
     commits = [s.committed_s for s in result.steps]
     generated = sum(s.generated_tokens for s in result.steps)
     return {
         "policy": policy,
         "setting": f"async {rollout_gpus}+{GPUS - rollout_gpus} S={staleness} {on_stale}"
-        + (" keep-kv" if keep_kv else ""),
+        + (" keep-kv" if keep_kv else "")
+        + (" libra" if libra else ""),
+        "borrowed_gpus": [s.borrowed_gpus for s in result.steps],
         "total_s": result.total_s,
         "steady_step_s": (commits[-1] - commits[0]) / (len(commits) - 1) if len(commits) > 1 else 0,
         "generated_tokens": generated,
@@ -104,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keep-kv", action="store_true", help="a sync keeps the KV the old weights made"
     )
+    ap.add_argument(
+        "--libra", action="store_true", help="also each split with Libra's reallocation"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
@@ -122,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         async_futures = [
-            pool.submit(run_async, p, r, args.staleness, m, *data, args.iterations, args.keep_kv)
+            pool.submit(run_async, p, r, args.staleness, m, *data, args.iterations, args.keep_kv,
+                        libra)
             for p in policies for r in splits for m in modes
+            for libra in ((False, True) if args.libra else (False,))
         ]  # fmt: skip
         sync_futures = [
             pool.submit(run_cell, p, i, *data, sync_cluster)

@@ -17,9 +17,11 @@ cold start), per case and policy, with:
   (the cluster file's `disaggregation: {}`, `scheduler.roles`);
 - `async`: three quarters of the GPUs roll out and the rest train, S = 1, stale tokens
   out of the loss (`heddle.sim.campaign`);
-- `spec+libra`, `spec+async`, `pd+async`, `spec+pd+libra` and `spec+pd+async`: the
-  levers together (Libra's reallocation inside the asynchronous campaign is not built,
-  so Libra and async do not combine).
+- `libra+async`: the same with Libra's reallocation (`scheduler.reallocation`): a train
+  step borrows at least a quarter of the GPUs and every engine the rollout leaves idle,
+  and gives them back at the sync;
+- `spec+libra`, `spec+async`, `spec+libra+async`, `pd+async`, `spec+pd+libra` and
+  `spec+pd+async`: the levers together.
 
 Cases are the paper setting's cells (64 H100, seed 0, `--prompts` x 16) and robustness
 draws (`benchmarks/robustness.py`'s draws: a random family, model and cluster). Prints
@@ -54,8 +56,8 @@ from scheduler.interface import PolicyContext
 from scheduler.registry import create_policy, learns_from_history
 
 LEVERS = (
-    "sync", "libra", "spec", "pd", "async", "spec+libra", "spec+async", "pd+async",
-    "spec+pd+libra", "spec+pd+async",
+    "sync", "libra", "spec", "pd", "async", "libra+async", "spec+libra", "spec+async",
+    "spec+libra+async", "pd+async", "spec+pd+libra", "spec+pd+async",
 )  # fmt: skip
 STALENESS = 1
 
@@ -79,11 +81,12 @@ def _cluster(case: str) -> ClusterConfig:
 
 
 def run_campaign(
-    case: str, policy: str, spec: bool, pd: bool, asynchronous: bool, iterations: int,
+    case: str, policy: str, spec: bool, pd: bool, asynchronous: str, iterations: int,
     prompts: int, samples: int, acceptance: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One policy's campaign of `iterations` train steps on one case: synchronous (with
-    and without Libra's tail, from the same rollouts) or asynchronous; with or without
+    and without Libra's tail, from the same rollouts; `asynchronous` "") or asynchronous
+    ("async" on a fixed split, "libra+async" with Libra's reallocation); with or without
     speculation and disaggregation. Returns each lever's campaign time."""
     started = time.perf_counter()
     cluster = _cluster(case)
@@ -97,21 +100,25 @@ def run_campaign(
     model, gpu = MODELS[shape.model], GPUS[shape.gpu]
     prefix = ("spec+" if spec else "") + ("pd+" if pd else "")
     if asynchronous:
-        rollout_gpus = shape.num_gpus * 3 // 4
-        rollout = dataclasses.replace(shape, num_gpus=rollout_gpus)
+        trainer_gpus = shape.num_gpus - shape.num_gpus * 3 // 4
+        libra = asynchronous == "libra+async"  # every GPU runs an engine; steps borrow
+        rollout = dataclasses.replace(
+            shape, num_gpus=shape.num_gpus - (0 if libra else trainer_gpus)
+        )
         batches = [_batch(case, i, prompts, samples)
                    for i in range(1, iterations + STALENESS + 4)]  # fmt: skip
         history = _batch(case, 0, prompts, samples) if learns_from_history(policy) else []
         ctx = PolicyContext(rollout, tuple(history))
         size = len(batches[0])
         result = simulate_async_campaign(
-            batches, create_policy(policy, ctx), rollout,
-            trainer_gpus=shape.num_gpus - rollout_gpus,
+            batches, create_policy(policy, ctx), rollout, trainer_gpus=trainer_gpus,
             bound=StalenessBound(STALENESS, size, size, "partial"), iterations=iterations,
+            reallocate=libra,
         )  # fmt: skip
         generated = sum(s.generated_tokens for s in result.steps)
         trained = sum(s.trained_tokens for s in result.steps)
-        return {f"{prefix}async": result.total_s, f"{prefix}async_trained": trained / generated,
+        return {f"{prefix}{asynchronous}": result.total_s,
+                f"{prefix}{asynchronous}_trained": trained / generated,
                 "wall_s": time.perf_counter() - started}  # fmt: skip
     plain = libra = 0.0
     for i in range(1, iterations + 1):
@@ -152,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             ((c, p), pool.submit(run_campaign, c, p, spec, pd, asynchronous, args.iterations,
                                  args.prompts, args.samples, args.acceptance))
             for c in cases for p in policies for spec in (False, True) for pd in (False, True)
-            for asynchronous in (False, True)
+            for asynchronous in ("", "async", "libra+async")
+            if not (pd and asynchronous == "libra+async")  # pd's pool never forms in a campaign
         ]  # fmt: skip
         times: dict[tuple[str, str], dict[str, float]] = {}
         for key, future in futures:
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {(c, p, lv): {"total_s": t[lv]} for (c, p), t in times.items() for lv in LEVERS}
 
     print(f"{args.iterations} train steps; acceptance {args.acceptance}; async: 3/4 of the "
-          f"GPUs roll out, S = {STALENESS}, partial")  # fmt: skip
+          f"GPUs roll out, S = {STALENESS}, partial; libra+async: a quarter at least "
+          "train")  # fmt: skip
     print(f"| case | policy | sync (s) | {' | '.join(LEVERS[1:])} | trained (async) |")
     print("|---|---|---:|" + "---:|" * len(LEVERS))
     for c in cases:

@@ -264,6 +264,12 @@ def train_step_s(
     return 6 * model.num_params * tokens / (num_gpus * gpu.bf16_flops * mfu)
 
 
+def train_tokens_per_gpu_s(model: ModelShape, gpu: GPUSpec, mfu: float = TRAIN_MFU) -> float:
+    """Tokens one trainer GPU works through a second: a trainer whose GPUs come and go
+    (Libra's lever) works at this rate times the GPUs it has."""
+    return gpu.bf16_flops * mfu / (6 * model.num_params)
+
+
 # Bytes of training state per parameter a trainer GPU holds its shard of: bf16 weights
 # and gradients, fp32 master weights and Adam's two moments (2 + 2 + 4 + 4 + 4).
 TRAIN_STATE_BYTES_PER_PARAM = 16

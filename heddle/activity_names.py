@@ -31,6 +31,8 @@ RECORD_ITERATION = "record_iteration"
 PREPARE_CAMPAIGN = "prepare_campaign"
 TRAIN_STEP = "train_step"
 SYNC_WEIGHTS = "sync_weights"
+LEND_BLOCKS = "lend_blocks"
+GIVE_BACK_BLOCKS = "give_back_blocks"
 
 # The error type of a step whose engine died: its details hold the tokens made, and the
 # workflow continues the step on another instance.

@@ -47,6 +47,11 @@ class CampaignSpec:
     # A trajectory with tokens older than the bound: "partial" keeps them as context
     # out of the loss; "drop" leaves its whole group out of the step.
     on_stale: str = "partial"
+    # Libra's lever (asynchronous campaigns): every GPU runs an engine between steps, and
+    # a train step borrows the engine instances that hold no trajectory, and the least
+    # loaded up to this many GPUs, giving them back before the sync. 0: off (the trainer
+    # is modelled on the cluster's GPUs).
+    trainer_gpus: int = 0
 
 
 @dataclass
@@ -95,6 +100,9 @@ class TrainRequest:
     spec: CampaignSpec
     start: CheckpointRef
     batch_id: str
+    # GPUs the step trains on: those lent to it (`CampaignSpec.trainer_gpus`); 0: the
+    # cluster's.
+    gpus: int = 0
 
     @property
     def oldest_version(self) -> int | None:
@@ -153,6 +161,13 @@ def check_spec(spec: CampaignSpec) -> None:
         raise ValueError(f"max_staleness must be >= 0, got {spec.max_staleness}")
     if spec.on_stale not in ON_STALE:
         raise ValueError(f"on_stale must be one of {list(ON_STALE)}, got {spec.on_stale!r}")
+    if spec.trainer_gpus < 0:
+        raise ValueError(f"trainer_gpus must be >= 0, got {spec.trainer_gpus}")
+    if spec.trainer_gpus and not spec.max_staleness:
+        raise ValueError(
+            "trainer_gpus (Libra's reallocation) needs an asynchronous campaign: "
+            "max_staleness >= 1 (a synchronous step trains on every GPU already)"
+        )
 
 
 def campaign_spec(stored: dict[str, Any]) -> CampaignSpec:

@@ -571,7 +571,8 @@ class InstancePlan:
     """One engine instance of the cluster plan: its GPUs are `tp` from `first_gpu`.
 
     `state`: "active" takes steps; "draining" finishes the steps it has and takes no
-    more; "starting" is loading (it takes steps once active)."""
+    more; "starting" is loading (it takes steps once active); "training": its GPUs are
+    lent to a campaign's trainer (Libra's lever) and run no engine."""
 
     instance_id: str
     tp: int
@@ -601,6 +602,16 @@ class PlanChange:
 
     retire: list[str]
     create: list[InstancePlan]
+    reason: str = ""
+
+
+@dataclass
+class BlockMove:
+    """Engine instances lent to the trainer, or given back to the rollout (Libra's
+    lever in an asynchronous campaign); one direction or both."""
+
+    to_trainer: list[str] = field(default_factory=list)
+    to_rollout: list[str] = field(default_factory=list)
     reason: str = ""
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from heddle.types import ClusterPlan, InstancePlan, PlanChange
+from heddle.types import BlockMove, ClusterPlan, InstancePlan, PlanChange
+
+ACTIVE, DRAINING, STARTING, TRAINING = "active", "draining", "starting", "training"
 
 
 def initial_plan(
@@ -33,7 +35,10 @@ def gpus(instances: Sequence[InstancePlan]) -> set[int]:
 def check_change(plan: ClusterPlan, change: PlanChange) -> None:
     """Raise ValueError naming what is wrong with `change` against `plan`."""
     by_id = {i.instance_id: i for i in plan.instances}
-    busy = [i.instance_id for i in plan.instances if i.state != "active"]
+    lent = [i.instance_id for i in plan.instances if i.state == TRAINING]
+    if lent:
+        raise ValueError(f"instance {lent[0]!r} is lent to the trainer: reshape once it is back")
+    busy = [i.instance_id for i in plan.instances if i.state != ACTIVE]
     if busy:
         raise ValueError(f"instance {busy[0]!r} is still changing: one reshape at a time")
     if not change.retire and not change.create:
@@ -63,6 +68,34 @@ def check_change(plan: ClusterPlan, change: PlanChange) -> None:
         )
 
 
+def check_move(plan: ClusterPlan, move: BlockMove) -> None:
+    """Raise ValueError naming what is wrong with lending or giving back `move`'s
+    instances: lent ones must be active, while nothing else changes, and the rollout
+    keeps one; given back ones must be training."""
+    by_id = {i.instance_id: i for i in plan.instances}
+    if not move.to_trainer and not move.to_rollout:
+        raise ValueError("the move lends and gives back nothing")
+    named = [*move.to_trainer, *move.to_rollout]
+    unknown = [i for i in named if i not in by_id]
+    if unknown:
+        raise ValueError(f"no instance {unknown[0]!r} in plan version {plan.version}")
+    if len(set(named)) != len(named):
+        raise ValueError("an instance is named twice")
+    back = [i for i in move.to_rollout if by_id[i].state != TRAINING]
+    if back:
+        raise ValueError(f"to_rollout: {back[0]!r} is {by_id[back[0]].state}, not training")
+    if move.to_trainer:
+        busy = [i.instance_id for i in plan.instances if i.state not in (ACTIVE, TRAINING)]
+        if busy:
+            raise ValueError(f"instance {busy[0]!r} is still changing: one change at a time")
+        lent = [i for i in move.to_trainer if by_id[i].state != ACTIVE]
+        if lent:
+            raise ValueError(f"to_trainer: {lent[0]!r} is {by_id[lent[0]].state}, not active")
+        active = [i for i in plan.instances if i.state == ACTIVE]
+        if len(active) <= len(move.to_trainer):
+            raise ValueError("to_trainer: the rollout keeps at least one instance")
+
+
 def _with(plan: ClusterPlan, instances: list[InstancePlan]) -> ClusterPlan:
     """The plan with `instances`, everything else kept (the owner, the scheduler's
     address: a reshape that dropped it left every other worker's decides failing)."""
@@ -86,9 +119,20 @@ def swap_instances(plan: ClusterPlan, change: PlanChange) -> ClusterPlan:
 
 def mark_active(plan: ClusterPlan, ids: Sequence[str]) -> ClusterPlan:
     """Phase 3: the started instances take steps."""
+    return mark(plan, ids, ACTIVE)
+
+
+def mark(plan: ClusterPlan, ids: Sequence[str], state: str) -> ClusterPlan:
+    """The plan with `ids` in `state` (a lent instance: draining, then training; given
+    back: starting, then active)."""
     return _with(
-        plan, [replace(i, state="active") if i.instance_id in ids else i for i in plan.instances]
+        plan, [replace(i, state=state) if i.instance_id in ids else i for i in plan.instances]
     )
+
+
+def engine_instances(plan: ClusterPlan) -> list[InstancePlan]:
+    """The instances that run an engine: all but those lent to the trainer."""
+    return [i for i in plan.instances if i.state != TRAINING]
 
 
 def active_instances(plan: ClusterPlan) -> dict[str, int]:

@@ -13,9 +13,11 @@ import pytest
 
 from activities.campaign import draw_tasks
 from heddle.campaign import CampaignSpec
+from heddle.queues import control_workflow_id
 from heddle.tasks import load_tasks
 from heddle.types import RolloutOptions
 from tests.live import live_client
+from workflows.control import ClusterControlWorkflow
 
 TASKS = "heddle/data/tasks/math.jsonl"
 
@@ -41,7 +43,7 @@ def test_draws_cover_each_epoch_once_in_a_seeded_order() -> None:
 
 def _spec(
     name: str, root: Path, iterations: int, per_run: int = 10, policy: str = "verl",
-    max_staleness: int = 0,
+    max_staleness: int = 0, trainer_gpus: int = 0,
 ) -> CampaignSpec:  # fmt: skip
     return CampaignSpec(
         name=name,
@@ -54,6 +56,7 @@ def _spec(
         options=RolloutOptions(policy=policy),
         iterations_per_run=per_run,
         max_staleness=max_staleness,
+        trainer_gpus=trainer_gpus,
     )
 
 
@@ -132,6 +135,55 @@ def test_an_asynchronous_campaign_rolls_out_ahead_within_its_bound(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("policy", ["verl", "heddle"])
+def test_an_asynchronous_campaign_lends_its_trainer_engine_instances(
+    policy: str, temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """Libra's lever live: each train step borrows engine instances through the control
+    workflow (at least its floor, never the rollout's last), trains on their GPUs, and
+    gives them back before the sync; a batch's reshape (heddle) waits for them."""
+
+    async def run() -> None:
+        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+            control = heddle.temporal.get_workflow_handle_for(
+                ClusterControlWorkflow.run, control_workflow_id(queue_prefix)
+            )
+            name = f"libra-{policy}"
+            spec = _spec(name, tmp_path, 4, per_run=2, policy=policy, max_staleness=1,
+                         trainer_gpus=1)  # fmt: skip
+            handle = await heddle.start_campaign(spec)
+            lent_seen: set[str] = set()
+
+            async def watch() -> None:
+                while True:
+                    plan = await control.query(ClusterControlWorkflow.plan)
+                    lent_seen.update(i.instance_id for i in plan.instances
+                                     if i.state == "training")  # fmt: skip
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            try:
+                state = await asyncio.wait_for(handle.result(), 300)
+            finally:
+                watcher.cancel()
+            assert state.phase == "done"
+            assert state.iteration == state.policy_version == 4
+            assert lent_seen  # instances were lent while steps trained
+            plan = await control.query(ClusterControlWorkflow.plan)
+            assert all(i.state == "active" for i in plan.instances)  # all given back
+            for step in (1, 2, 3, 4):
+                info = json.loads(
+                    (tmp_path / name / f"step-{step:06d}" / "trainer.json").read_text()
+                )
+                # At least the floor, never the whole cluster (4 GPUs of TP 1).
+                assert 1 <= info["gpus"] < 4
+            rows = await heddle.campaign_iterations(name)
+            assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+            assert all(r["completed"] == r["trajectories"] == 6 for r in rows)
+
+    asyncio.run(run())
+
+
 def test_bad_staleness_is_refused_before_anything_starts(
     temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
 ) -> None:
@@ -142,6 +194,8 @@ def test_bad_staleness_is_refused_before_anything_starts(
             bad = dataclasses.replace(_spec("odd", tmp_path, 2), on_stale="keep")
             with pytest.raises(ValueError, match="on_stale"):
                 await heddle.start_campaign(bad)
+            with pytest.raises(ValueError, match=r"trainer_gpus .* asynchronous"):
+                await heddle.start_campaign(_spec("sync", tmp_path, 2, trainer_gpus=1))
             assert not [
                 b for b in await heddle.list_batches() if b["batch_id"][:3] in ("neg", "odd")
             ]

@@ -14,7 +14,9 @@ batch the predictor was fitted on. The workflow continues as new every
 
 With `max_staleness` S above 0 the campaign is asynchronous: up to S later batches roll
 out while one trains and syncs (`_pipelined`), each drawing the tasks the batches still
-rolling did not, and the trainer leaves out tokens more than S versions old.
+rolling did not, and the trainer leaves out tokens more than S versions old. With
+`trainer_gpus` (Libra's lever) each train step borrows engine instances through the
+control workflow and gives them back before the sync (`_borrowed`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from heddle import search_attributes as sa
     from heddle.campaign import (
         CampaignInput,
+        CampaignSpec,
         CampaignState,
         IterationBatch,
         IterationRecord,
@@ -42,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from heddle.checkpoints import CheckpointRef
     from heddle.queues import control_queue, trainer_queue, trajectories_queue
-    from heddle.types import BatchInput, BatchReport
+    from heddle.types import BatchInput, BatchReport, InstancePlan
     from workflows import policy
     from workflows.batch import RolloutBatchWorkflow
 
@@ -203,14 +206,32 @@ class TrainingCampaignWorkflow:
         assert st.checkpoint is not None
         prefix = spec.options.queue_prefix
         st.phase = "train"
+        lent: list[InstancePlan] = []
+        if spec.trainer_gpus:
+            lent = await workflow.execute_activity(
+                names.LEND_BLOCKS,
+                spec.trainer_gpus,
+                task_queue=control_queue(prefix),
+                start_to_close_timeout=policy.RESHAPE_TIMEOUT,
+                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
+                result_type=list[InstancePlan],
+            )
         trained: TrainResult = await workflow.execute_activity(
             names.TRAIN_STEP,
-            TrainRequest(spec, st.checkpoint, opened.batch_id),
+            TrainRequest(spec, st.checkpoint, opened.batch_id, _trainer_gpus(spec, lent)),
             task_queue=trainer_queue(prefix),
             start_to_close_timeout=TRAIN_TIMEOUT,
             heartbeat_timeout=TRAIN_HEARTBEAT,
             result_type=TrainResult,
         )
+        if lent:  # back to the rollout before the sync, so they load the new weights too
+            await workflow.execute_activity(
+                names.GIVE_BACK_BLOCKS,
+                [i.instance_id for i in lent],
+                task_queue=control_queue(prefix),
+                start_to_close_timeout=policy.RESHAPE_TIMEOUT,
+                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
+            )
         # The commit: from here the iteration's tasks are trained on.
         if opened.epoch != st.epoch:
             st.epoch, st.consumed_task_ids = opened.epoch, []
@@ -262,3 +283,10 @@ class TrainingCampaignWorkflow:
             f"**{name}**: iteration {st.iteration}, policy version {st.policy_version}, "
             f"checkpoint `{st.checkpoint.path if st.checkpoint else ''}`"
         )
+
+
+def _trainer_gpus(spec: CampaignSpec, lent: list[InstancePlan]) -> int:
+    """The GPUs a train step is modelled on: those lent to it; with Libra's lever on and
+    none lent (a plan of one instance, which the rollout keeps), its floor, as if beside
+    the engines; off, 0 (the cluster's)."""
+    return sum(i.tp for i in lent) or spec.trainer_gpus

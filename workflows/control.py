@@ -6,6 +6,11 @@ it is accepted, and runs in three phases so no step is lost: the retiring instan
 drain (take no new steps, finish theirs), then they stop and the new instances start on
 their GPUs, then the new ones take steps. The workflow continues as new every
 `changes_per_run` reshapes, or when Temporal suggests it, between reshapes.
+
+An asynchronous campaign with Libra's lever lends instances to its trainer for a train
+step and gives them back before the sync (`move_blocks`): a lent instance drains, then
+its engine stops ("training"); given back, it starts again. A reshape waits until every
+lent instance is back (its validator refuses while one is out).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from heddle import activity_names as names
     from heddle.queues import control_queue
-    from heddle.types import ClusterPlan, ControlInput, PlanChange
+    from heddle.types import BlockMove, ClusterPlan, ControlInput, PlanChange
     from scheduler import plan as plans
 
 # Draining waits for the longest step on the instance; starting for a weight load.
@@ -98,6 +103,44 @@ class ClusterControlWorkflow:
             self._changes += 1
             workflow.logger.info("cluster reshaped: %s (%s)", change, change.reason)
             return self._plan
+
+    @workflow.update
+    async def move_blocks(self, move: BlockMove) -> ClusterPlan:
+        """Lend instances to the trainer (they drain, then their engines stop) and give
+        lent ones back (their engines start, then take steps): Libra's lever."""
+        async with self._lock:
+            plans.check_move(self._plan, move)
+            lent, back = move.to_trainer, move.to_rollout
+            if lent:
+                self._plan = plans.mark_draining(self._plan, lent)
+                self._show()
+                await workflow.execute_activity(
+                    names.WAIT_DRAINED,
+                    lent,
+                    task_queue=control_queue(self._prefix),
+                    start_to_close_timeout=DRAIN_TIMEOUT,
+                    heartbeat_timeout=WAIT_HEARTBEAT,
+                )
+                self._plan = plans.mark(self._plan, lent, plans.TRAINING)
+            if back:
+                self._plan = plans.mark(self._plan, back, plans.STARTING)
+                self._show()
+                await workflow.execute_activity(
+                    names.WAIT_STARTED,
+                    back,
+                    task_queue=control_queue(self._prefix),
+                    start_to_close_timeout=START_TIMEOUT,
+                    heartbeat_timeout=WAIT_HEARTBEAT,
+                )
+                self._plan = plans.mark_active(self._plan, back)
+            self._show()
+            self._changes += 1
+            workflow.logger.info("blocks moved: %s (%s)", move, move.reason)
+            return self._plan
+
+    @move_blocks.validator
+    def check_move(self, move: BlockMove) -> None:
+        plans.check_move(self._plan, move)
 
     @workflow.update
     def claim(self, batch_id: str) -> str:

@@ -124,6 +124,14 @@ def start(
             "of the loss, 'drop' leaves their group out of the step."
         ),
     ] = "partial",
+    trainer_gpus: Annotated[
+        int,
+        typer.Option(
+            help="Asynchronous, Libra's reallocation: each train step borrows the engine "
+            "instances that hold no trajectory and the least loaded up to this many GPUs, "
+            "and gives them back before the sync. 0: off."
+        ),
+    ] = 0,
     max_turns: Annotated[int, typer.Option(help="An agent trajectory's model turns.")] = 64,
     max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (agent).")] = 512,
     seed: int = 0,
@@ -174,6 +182,7 @@ def start(
             workload=workload,
             max_staleness=max_staleness,
             on_stale=on_stale,
+            trainer_gpus=trainer_gpus,
         )
         check_spec(spec)
     except (InputError, ValueError) as exc:

@@ -29,7 +29,7 @@ from heddle import metrics
 from heddle.queues import control_workflow_id, engine_queue, trajectories_queue
 from heddle.types import ClusterPlan, ControlInput, InstancePlan, PlanChange
 from scheduler.interface import REVIEW_EVERY_S
-from scheduler.plan import active_instances
+from scheduler.plan import active_instances, engine_instances
 from scheduler.roles import DECODE, PREFILL, PrefillForecast, RoleInstance, prefill_instances
 from scheduler.service import SchedulerService
 from workflows import policy
@@ -279,7 +279,7 @@ class EngineHost:
         self.service.observe_loads(
             {i: self.pool[i].load for i in hosted}, {i: self.pool[i].kv_usage for i in hosted}
         )
-        wanted = {i.instance_id: i for i in plan.instances}
+        wanted = {i.instance_id: i for i in engine_instances(plan)}
         for iid in [i for i in self._workers if i not in wanted]:
             await self._stop(iid)
         for iid in [i for i in self._dead_workers if i not in wanted]:

@@ -255,6 +255,8 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.apply_split,
                     control_acts.migrate_kv,
                     control_acts.sync_weights,
+                    control_acts.lend_blocks,
+                    control_acts.give_back_blocks,
                     # The scheduler calls of batches whose policy planned them.
                     sched_acts.decide,
                     sched_acts.anticipate,

@@ -9,22 +9,32 @@ engine instance: the instances pause for the transfer and the KV the old weights
 is void, so the steps under way prefill their contexts again. Every generated token is
 tagged with the version that made it.
 
+With `reallocate` (Libra's lever) the split moves: every GPU runs an engine, and a train
+step takes engine blocks as `scheduler.reallocation` says (at least `trainer_gpus`, and
+every block the rollout leaves idle while the step runs), each training once it has
+joined (`engines.costmodel.train_join_s`); they go back to the rollout at the sync, after
+an engine restart, but for the floor where the trainer's last wait for a batch was
+shorter than those moves. The trainer works through the batch's tokens at its GPUs' rate
+as they join, so neither side stops for the other.
+
 The synchronous campaign it is measured against is `benchmarks/sim_campaign.py`: each
 batch's rollout on every GPU, then its train step on the same GPUs.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engines.costmodel import train_step_s, weight_sync_s
+from engines.costmodel import train_join_s, train_tokens_per_gpu_s, weight_sync_s
 from heddle.hardware import GPUS, MODELS, ClusterShape
 from heddle.sim.simulator import Simulator
 from heddle.staleness import StalenessBound, VersionSpans, add_tokens
 from heddle.types import TrajectorySpec
 from scheduler.interface import Policy
+from scheduler.reallocation import blocks_for_trainer, blocks_to_keep
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class TrainStep:
     generated_tokens: int
     trained_tokens: int  # generated tokens in the loss; the rest are too stale
     max_staleness: int  # the largest `step - version` over the tokens trained
+    borrowed_gpus: int = 0  # engine GPUs that joined the trainer for this step (Libra)
 
 
 @dataclass
@@ -46,14 +57,28 @@ class AsyncCampaignResult:
     steps: list[TrainStep]
     dropped_trajectories: int
     prefill_tokens: int  # the rollout's, re-prefills after each sync included
-    rollout_gpus: int
-    trainer_gpus: int
+    rollout_gpus: int  # GPUs running engines (with `reallocate`: all of them)
+    trainer_gpus: int  # GPUs only the trainer has (with `reallocate`: its floor)
     spans: dict[str, VersionSpans] = field(repr=False, default_factory=dict)
 
     @property
     def total_s(self) -> float:
         """The campaign's time: its last step committed."""
         return self.steps[-1].committed_s if self.steps else 0.0
+
+
+@dataclass
+class _TrainStepRun:
+    """A train step under way: its tokens left, as of `since`, at the trainer's GPUs."""
+
+    batch: list[TrajectorySpec]
+    started_s: float
+    tokens_left: float
+    since: float
+    gpus: int  # training now (the trainer's own, and the lent blocks that have joined)
+    lent: dict[str, int] = field(default_factory=dict)  # blocks lent for it, and their TP
+    colocated: bool = False  # nothing could be lent: it trains on every GPU, engines paused
+    finish_version: int = 0  # bumps as its end moves
 
 
 @dataclass
@@ -77,20 +102,36 @@ class AsyncCampaign:
         bound: StalenessBound,
         iterations: int,
         keep_kv: bool = False,
+        reallocate: bool = False,
     ) -> None:
         if trainer_gpus < 1:
             raise ValueError("an asynchronous campaign needs GPUs of its own to train on")
+        if reallocate and trainer_gpus >= rollout_shape.num_gpus:
+            raise ValueError(
+                f"the trainer's floor of {trainer_gpus} GPUs leaves the rollout none of "
+                f"the cluster's {rollout_shape.num_gpus}"
+            )
+        self.reallocate = reallocate
         self.bound = bound
         self.iterations = iterations
         self.keep_kv = keep_kv  # a sync keeps the old weights' KV (`Simulator.pause`)
         self.trainer_gpus = trainer_gpus
         self.model = MODELS[rollout_shape.model]
         self.gpu = GPUS[rollout_shape.gpu]
+        self.tokens_per_gpu_s = train_tokens_per_gpu_s(self.model, self.gpu)
+        # GPUs that only train: none when the trainer borrows engine blocks instead.
+        self.own_gpus = 0 if reallocate else trainer_gpus
         self.version = 0
         self.accepted = 0  # finished and kept: trained, or waiting to be
         self.running = 0
         self.dropped = 0
         self.trainer_busy = False
+        self.training: _TrainStepRun | None = None
+        # Libra: blocks the trainer kept through the last sync (`blocks_to_keep`), and
+        # when it last fell idle and how long it then waited for a batch.
+        self.kept: dict[str, int] = {}
+        self.idle_since = 0.0
+        self.last_wait_s = math.inf
         self.steps: list[TrainStep] = []
         self.spans: dict[str, VersionSpans] = {}
         self.recorded: dict[str, int] = {}  # tokens already put into `spans`
@@ -156,6 +197,7 @@ class AsyncCampaign:
             self.finished_groups.append(self.group_of[tid])
         self._try_train()
         self._admit()
+        self._borrow()
 
     # ---- the trainer's side ----------------------------------------------------------------
     def _drop_group(self, gid: str) -> None:
@@ -187,8 +229,73 @@ class AsyncCampaign:
         self.trainer_busy = True
         now = self.sim.now
         tokens = sum(s.sequence_tokens for s in batch)
-        train_s = train_step_s(self.model, self.gpu, self.trainer_gpus, tokens)
-        self.sim.call_at(now + train_s, lambda: self._trained(batch, now))
+        self.last_wait_s = now - self.idle_since
+        kept = sum(self.kept.values())
+        self.training = _TrainStepRun(batch, now, float(tokens), now, self.own_gpus + kept,
+                                      lent=self.kept)  # fmt: skip
+        self.kept = {}
+        self._borrow()
+        run = self.training
+        if self.reallocate and not run.lent:
+            # Nothing to lend (the rollout keeps its one instance): the step trains on
+            # every GPU while the engines wait, keeping their KV, as a colocated one does.
+            run.colocated = True
+            run.gpus = self.sim.num_gpus
+            self.sim.pause(self._left_s(run), void_kv=False)
+        self._reschedule_end()
+
+    # ---- the trainer's GPUs (its own, and with `reallocate` the engine blocks it borrows)
+    def _advance(self, run: _TrainStepRun) -> None:
+        now = self.sim.now
+        run.tokens_left = max(
+            0.0, run.tokens_left - run.gpus * self.tokens_per_gpu_s * (now - run.since)
+        )
+        run.since = now
+
+    def _left_s(self, run: _TrainStepRun) -> float:
+        rate = run.gpus * self.tokens_per_gpu_s
+        return run.tokens_left / rate if rate > 0 else math.inf
+
+    def _reschedule_end(self) -> None:
+        run = self.training
+        assert run is not None
+        run.finish_version += 1
+        left = self._left_s(run)
+        if left < math.inf:
+            version = run.finish_version
+            self.sim.call_at(self.sim.now + left, lambda: self._maybe_trained(run, version))
+
+    def _maybe_trained(self, run: _TrainStepRun, version: int) -> None:
+        if run is self.training and version == run.finish_version:
+            self._trained(run.batch, run.started_s)
+
+    def _borrow(self) -> None:
+        """Lend the trainer the engine blocks `scheduler.reallocation` picks."""
+        run = self.training
+        if not self.reallocate or run is None or run.colocated:
+            return
+        self._advance(run)
+        lent_gpus = self.own_gpus + sum(run.lent.values())
+        join_s = self._join_s(lent_gpus)
+        blocks = {b.instance_id: b for b in self.sim.blocks()}
+        taken = blocks_for_trainer(
+            list(blocks.values()), trainer_gpus=lent_gpus, min_gpus=self.trainer_gpus,
+            train_left_s=self._left_s(run), join_s=join_s,
+        )  # fmt: skip
+        for iid in taken:
+            self.sim.lend(iid)
+            run.lent[iid] = blocks[iid].tp
+            self.sim.call_at(self.sim.now + join_s, lambda i=iid: self._joined(run, i))
+
+    def _join_s(self, trainer_gpus: int) -> float:
+        return train_join_s(self.model, max(trainer_gpus, self.trainer_gpus))
+
+    def _joined(self, run: _TrainStepRun, iid: str) -> None:
+        if run is not self.training:
+            return  # the step ended before the block joined
+        self._advance(run)
+        run.gpus += run.lent[iid]
+        self._reschedule_end()
 
     def _stale(self, gid: str) -> bool:
         return any(self.bound.is_stale(self.spans[s.trajectory_id], self.version)
@@ -200,8 +307,21 @@ class AsyncCampaign:
         trained = sum(self.bound.trainable_tokens(sp, step) for sp in spans)
         floor = self.bound.oldest_trainable(step)
         versions = [v for sp in spans for v, n in sp if n and v >= floor]
+        run = self.training
+        assert run is not None
+        self.training = None
         sync_s = max(weight_sync_s(self.model, i.spec.tp) for i in self.sim.instances.values())
         self.sim.pause(sync_s, void_kv=not self.keep_kv)
+        lent = [b for b in self.sim.blocks() if b.instance_id in run.lent]
+        keep = blocks_to_keep(
+            lent, min_gpus=self.trainer_gpus, last_wait_s=self.last_wait_s,
+            last_step_s=self.sim.now - started_s, join_s=self._join_s(sum(run.lent.values())),
+        )  # fmt: skip
+        self.kept = {iid: run.lent[iid] for iid in keep}
+        for block in lent:  # back to the rollout: an engine restart with the new weights
+            if block.instance_id not in self.kept:
+                self.sim.give_back(block.instance_id, self.sim.now + max(sync_s, block.restart_s))
+        self.idle_since = self.sim.now + sync_s
         for tid, traj in self.sim.trajectories.items():
             if traj.finished_at < 0:
                 self._record(tid)
@@ -216,6 +336,7 @@ class AsyncCampaign:
                 generated_tokens=sum(n for sp in spans for _, n in sp),
                 trained_tokens=trained,
                 max_staleness=step - min(versions, default=step),
+                borrowed_gpus=sum(run.lent.values()),
             )
         )
         if self.bound.on_stale == "drop":
@@ -255,10 +376,14 @@ def simulate_async_campaign(
     bound: StalenessBound,
     iterations: int,
     keep_kv: bool = False,
+    reallocate: bool = False,
 ) -> AsyncCampaignResult:
     """Run `iterations` train steps of an asynchronous campaign over `batches` (the data,
-    in order; more than `iterations` of them, since the rollout runs ahead)."""
+    in order; more than `iterations` of them, since the rollout runs ahead). With
+    `reallocate`, `rollout_shape` is the whole cluster and `trainer_gpus` the trainer's
+    floor; without, the trainer has `trainer_gpus` beside the rollout's."""
     return AsyncCampaign(
         batches=batches, policy=policy, rollout_shape=rollout_shape,
         trainer_gpus=trainer_gpus, bound=bound, iterations=iterations, keep_kv=keep_kv,
+        reallocate=reallocate,
     ).run()  # fmt: skip

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engines.costmodel import TRAIN_MFU, train_join_s
+from engines.costmodel import train_join_s, train_tokens_per_gpu_s
 from heddle.hardware import GPUSpec, ModelShape
 from heddle.sim.metrics import SimResult
 from heddle.types import TrajectorySpec
@@ -44,7 +44,7 @@ def tail_training(
     if len(result.completion_times) != len(trace):
         raise ValueError("the result is not of this trace: its trajectories differ")
     end = result.makespan_s
-    per_gpu = gpu.bf16_flops * TRAIN_MFU / (6 * model.num_params)  # tokens per second
+    per_gpu = train_tokens_per_gpu_s(model, gpu)
     last_busy: dict[str, float] = {}
     for iid, _, until in result.busy_intervals:
         last_busy[iid] = max(last_busy.get(iid, 0.0), until)

@@ -43,10 +43,14 @@ from scheduler.interface import (
     InstanceState,
     Policy,
 )
+from scheduler.reallocation import Block
 from scheduler.reshape import GpuLayout
 from scheduler.roles import DECODE, PREFILL, PrefillForecast, RoleInstance, prefill_instances
 
 ARRIVE, SUBMIT, WAKE, READY, REVIEW, SAMPLE, CALL, PREFILL_IN, HANDOFF, ROLES = range(10)
+# An instance lent to a campaign's trainer (`Simulator.lend`): hidden from the policies
+# like one serving prefill, and holding no KV.
+TRAIN = "train"
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class _Instance:
     refilled: int = 0
     peak_kv_tokens: int = 0
     intervals: list[list[float]] = field(default_factory=list)
-    serving: str = DECODE  # PREFILL: it takes prefills, and no new decodes
+    serving: str = DECODE  # PREFILL: it takes prefills, and no new decodes; TRAIN: lent
     prefills: set[str] = field(default_factory=set)  # its requests that only prefill
 
     def add_busy(self, start: float, end: float) -> None:
@@ -322,7 +326,8 @@ class Simulator:
         target.in_flight += 1
         self._refresh(target)
         prev = traj.view.previous_instance
-        if decision.migrate and prev is not None and prev != decision.instance_id:
+        if (decision.migrate and prev is not None and prev != decision.instance_id
+                and self.instances[prev].serving != TRAIN):  # fmt: skip
             tokens = self.instances[prev].core.drop_prefix(tid)
             move = self._move(prev, decision.instance_id, tokens)
             if not move.recompute:
@@ -350,6 +355,7 @@ class Simulator:
 
     def _submit(self, tid: str, decision: Decision, migrated_tokens: int) -> None:
         traj = self.trajectories[tid]
+        decision = self._off_lent(decision)
         inst = self.instances[decision.instance_id]
         if traj.dropped:  # dropped while its KV moved here
             inst.in_flight -= 1
@@ -500,6 +506,7 @@ class Simulator:
         decision = traj.decision
         assert decision is not None
         traj.decision = None
+        decision = self._off_lent(decision)
         home = self.instances[decision.instance_id]
         if traj.dropped:
             home.in_flight -= 1
@@ -522,6 +529,19 @@ class Simulator:
         best = min(same, key=lambda i: (i.in_flight, i.sessions, i.spec.instance_id))
         return dataclasses.replace(decision, instance_id=best.spec.instance_id)
 
+    def _off_lent(self, decision: Decision) -> Decision:
+        """A step on its way to an instance lent to the trainer meanwhile goes to a decode
+        instance instead (its in-flight count with it)."""
+        if self.instances[decision.instance_id].serving != TRAIN:
+            return decision
+        lent = self.instances[decision.instance_id]
+        decision = self._to_decode_instance(decision)
+        target = self.instances[decision.instance_id]
+        lent.in_flight -= 1
+        target.in_flight += 1
+        self._refresh(target)
+        return decision
+
     def _schedule_roles(self) -> None:
         """Plan roles every half horizon while trajectories run (forecast roles only)."""
         config = self.disaggregation
@@ -540,6 +560,7 @@ class Simulator:
                 kv_capacity_tokens=i.core.limits.kv_capacity_tokens,
             )
             for iid, i in self.instances.items()
+            if i.serving != TRAIN
         ]  # fmt: skip
         trajs = self.trajectories.values()
         unstarted = [t.view.context_tokens for t in trajs
@@ -558,6 +579,8 @@ class Simulator:
         # A switch takes effect at once: a new prefill instance finishes the decodes it
         # runs, a new decode instance the prefills it has (`prefills` tells them apart).
         for iid, inst in self.instances.items():
+            if inst.serving == TRAIN:
+                continue
             role = PREFILL if iid in wanted else DECODE
             if inst.serving != role:
                 inst.serving = role
@@ -751,6 +774,49 @@ class Simulator:
         # Else it is on its way to an instance, its last iteration is under way, or its
         # first step is yet to arrive: `_submit`, `_step_done` or `_arrive` ends it.
 
+    def blocks(self) -> list[Block]:
+        """The instances a campaign's trainer may take (`lend`), as
+        `scheduler.reallocation` sees them: not those serving prefill, nor those the
+        policy is emptying to merge (their GPUs are promised to a wider instance)."""
+        emptying = self.policy.emptying
+        return [
+            Block(iid, i.spec.tp, load=i.sessions + i.in_flight,
+                  training=i.serving == TRAIN, restart_s=i.cost.reconfiguration_s())
+            for iid, i in self.instances.items()
+            if i.serving != PREFILL and iid not in emptying
+        ]  # fmt: skip
+
+    def lend(self, iid: str) -> None:
+        """Take an instance out of the rollout: its GPUs train (Libra's lever in an
+        asynchronous campaign). The policies no longer see it, and a step they name for it
+        goes to a decode instance as wide; its running and queued steps move to one now,
+        with their KV; the contexts it keeps are gone (the trainer needs the memory), so a
+        trajectory it held prefills again where it next runs."""
+        inst = self.instances[iid]
+        if inst.serving != DECODE:
+            raise ValueError(f"instance {iid} serves {inst.serving}: only a decode one is lent")
+        if sum(1 for i in self.instances.values() if i.serving == DECODE) == 1:
+            raise ValueError(f"instance {iid} is the rollout's last decode instance")
+        inst.serving = TRAIN
+        self._state_list = None
+        self._materialise(inst)
+        for request in [*inst.core.running, *inst.core.queued()]:
+            decision = Decision(iid, priority=request.priority)
+            self._move_running(request.prefix_key, inst, request,
+                               self._to_decode_instance(decision))  # fmt: skip
+        for key in dict.fromkeys([*inst.core.prefix_cache, *inst.core.sessions]):
+            inst.core.drop_prefix(key)
+
+    def give_back(self, iid: str, ready_at: float) -> None:
+        """A lent instance serves the rollout again from `ready_at` (its engine back up
+        with the new weights)."""
+        inst = self.instances[iid]
+        if inst.serving != TRAIN:
+            raise ValueError(f"instance {iid} is not lent")
+        inst.serving = DECODE
+        inst.paused_until = max(inst.paused_until, ready_at)
+        self._state_list = None
+
     def _end_dropped(self, traj: _Trajectory) -> None:
         tid = traj.spec.trajectory_id
         traj.finished_at = self.now
@@ -773,7 +839,7 @@ class Simulator:
         events = []
         emptying = self.policy.emptying
         for inst in self.instances.values():
-            if inst.serving == PREFILL:
+            if inst.serving != DECODE:
                 continue
             # Tokens made inside a decode block so far (the block is not cut to look).
             in_block = 0
@@ -846,7 +912,7 @@ class Simulator:
             retired = []
             for iid in change.retire:
                 inst = self.instances.get(iid)
-                if inst is None or inst.in_flight or inst.sessions:
+                if inst is None or inst.in_flight or inst.sessions or inst.serving == TRAIN:
                     raise ValueError(
                         f"policy {self.policy.name} retires {iid}, which is not an idle instance"
                     )
