@@ -15,11 +15,22 @@ from temporalio.client import WorkflowUpdateFailedError
 from heddle.client import HeddleClient
 from heddle.queues import trajectories_queue
 from heddle.trace import TraceRecord
-from heddle.types import InstancePlan, PlanChange, RolloutOptions, StepSpec, TrajectorySpec
+from heddle.types import (
+    BlockMove,
+    InstancePlan,
+    PlanChange,
+    RolloutOptions,
+    StepSpec,
+    TrajectorySpec,
+)
 from scheduler.plan import (
+    TRAINING,
     active_instances,
     check_change,
+    check_move,
+    engine_instances,
     initial_plan,
+    mark,
     mark_active,
     mark_draining,
     swap_instances,
@@ -65,6 +76,33 @@ def test_a_change_must_start_instances_on_exactly_the_gpus_it_frees() -> None:
     # lost the address left every worker but the engine host unable to decide.
     for p in (draining, swapped, after):
         assert (p.owner, p.scheduler_address) == ("batch-a", "10.0.0.1:7000")
+
+
+def test_instances_lent_to_the_trainer_run_no_engine_and_hold_off_a_reshape() -> None:
+    plan = initial_plan(["i0", "i1", "i2", "i3"], [1, 1, 1, 1], 4, [1, 2, 4])
+    bad = {
+        "lends and gives back nothing": BlockMove(),
+        "no instance 'i9'": BlockMove(to_trainer=["i9"]),
+        "named twice": BlockMove(to_trainer=["i1"], to_rollout=["i1"]),
+        "'i2' is active, not training": BlockMove(to_rollout=["i2"]),
+        "keeps at least one": BlockMove(to_trainer=["i0", "i1", "i2", "i3"]),
+    }
+    for message, move in bad.items():
+        with pytest.raises(ValueError, match=message):
+            check_move(plan, move)
+    check_move(plan, BlockMove(to_trainer=["i2", "i3"]))
+    lent = mark(plan, ["i2", "i3"], TRAINING)
+    assert active_instances(lent) == {"i0": 1, "i1": 1}
+    assert [i.instance_id for i in engine_instances(lent)] == ["i0", "i1"]
+    with pytest.raises(ValueError, match="lent to the trainer"):
+        check_change(lent, PlanChange(["i0", "i1"], [InstancePlan("x", 2, 0)]))
+    with pytest.raises(ValueError, match="'i2' is training, not active"):
+        check_move(lent, BlockMove(to_trainer=["i2"]))
+    with pytest.raises(ValueError, match="keeps at least one"):
+        check_move(lent, BlockMove(to_trainer=["i0", "i1"]))
+    check_move(lent, BlockMove(to_trainer=["i1"], to_rollout=["i2", "i3"]))
+    with pytest.raises(ValueError, match="still changing"):
+        check_move(mark_draining(lent, ["i0"]), BlockMove(to_trainer=["i1"]))
 
 
 def _records(n: int, tool_s: float = 0.4) -> list[TraceRecord]:

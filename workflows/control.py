@@ -81,23 +81,11 @@ class ClusterControlWorkflow:
             plans.check_change(self._plan, change)  # the plan may have moved since validation
             self._plan = plans.mark_draining(self._plan, change.retire)
             self._show()
-            await workflow.execute_activity(
-                names.WAIT_DRAINED,
-                change.retire,
-                task_queue=control_queue(self._prefix),
-                start_to_close_timeout=DRAIN_TIMEOUT,
-                heartbeat_timeout=WAIT_HEARTBEAT,
-            )
+            await self._drained(change.retire)
             self._plan = plans.swap_instances(self._plan, change)
             self._show()
             created = [c.instance_id for c in change.create]
-            await workflow.execute_activity(
-                names.WAIT_STARTED,
-                created,
-                task_queue=control_queue(self._prefix),
-                start_to_close_timeout=START_TIMEOUT,
-                heartbeat_timeout=WAIT_HEARTBEAT,
-            )
+            await self._started(created)
             self._plan = plans.mark_active(self._plan, created)
             self._show()
             self._changes += 1
@@ -114,29 +102,37 @@ class ClusterControlWorkflow:
             if lent:
                 self._plan = plans.mark_draining(self._plan, lent)
                 self._show()
-                await workflow.execute_activity(
-                    names.WAIT_DRAINED,
-                    lent,
-                    task_queue=control_queue(self._prefix),
-                    start_to_close_timeout=DRAIN_TIMEOUT,
-                    heartbeat_timeout=WAIT_HEARTBEAT,
-                )
+                await self._drained(lent)
                 self._plan = plans.mark(self._plan, lent, plans.TRAINING)
             if back:
                 self._plan = plans.mark(self._plan, back, plans.STARTING)
                 self._show()
-                await workflow.execute_activity(
-                    names.WAIT_STARTED,
-                    back,
-                    task_queue=control_queue(self._prefix),
-                    start_to_close_timeout=START_TIMEOUT,
-                    heartbeat_timeout=WAIT_HEARTBEAT,
-                )
+                await self._started(back)
                 self._plan = plans.mark_active(self._plan, back)
             self._show()
             self._changes += 1
             workflow.logger.info("blocks moved: %s (%s)", move, move.reason)
             return self._plan
+
+    async def _drained(self, instance_ids: list[str]) -> None:
+        """Until the instances run no step (they take no new ones already)."""
+        await workflow.execute_activity(
+            names.WAIT_DRAINED,
+            instance_ids,
+            task_queue=control_queue(self._prefix),
+            start_to_close_timeout=DRAIN_TIMEOUT,
+            heartbeat_timeout=WAIT_HEARTBEAT,
+        )
+
+    async def _started(self, instance_ids: list[str]) -> None:
+        """Until the instances' engines are up."""
+        await workflow.execute_activity(
+            names.WAIT_STARTED,
+            instance_ids,
+            task_queue=control_queue(self._prefix),
+            start_to_close_timeout=START_TIMEOUT,
+            heartbeat_timeout=WAIT_HEARTBEAT,
+        )
 
     @move_blocks.validator
     def check_move(self, move: BlockMove) -> None:
