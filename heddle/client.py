@@ -33,6 +33,7 @@ from heddle.training import TrainingSample, training_batch
 from heddle.types import (
     BatchInput,
     BatchReport,
+    BlockMove,
     ClusterPlan,
     PlanChange,
     RolloutOptions,
@@ -307,6 +308,11 @@ class HeddleClient:
         drained and stopped, the new ones up. An invalid change raises
         `WorkflowUpdateFailedError` and changes nothing."""
         return await self._control().execute_update(ClusterControlWorkflow.reshape, change)
+
+    async def move_blocks(self, move: BlockMove) -> ClusterPlan:
+        """Lend instances to a trainer or give lent ones back (Libra's lever), and wait
+        until it has run. An invalid move raises `WorkflowUpdateFailedError`."""
+        return await self._control().execute_update(ClusterControlWorkflow.move_blocks, move)
 
     async def list_batches(self, limit: int = 50) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.store.list_batches, limit)

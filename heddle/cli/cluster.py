@@ -1,4 +1,4 @@
-"""`heddle cluster plan|reshape`: the running stack's control workflow."""
+"""`heddle cluster plan|reshape|give-back`: the running stack's control workflow."""
 
 from __future__ import annotations
 
@@ -66,6 +66,43 @@ def cluster_reshape(
             except WorkflowUpdateFailedError as exc:
                 cause = exc.cause.message if hasattr(exc.cause, "message") else exc.cause
                 raise fail(f"reshape refused: {cause}") from None
+            console.print(plan_table(plan))
+
+    asyncio.run(run())
+
+
+@app.command("give-back")
+def cluster_give_back(
+    instance: Annotated[
+        list[str] | None, typer.Option(help="Lent instance to give back (repeat); default all.")
+    ] = None,
+    address: AddressOpt = None,
+    queue_prefix: str = "",
+    state_dir: StateDir = Path(".heddle"),
+) -> None:
+    """Give instances lent to a campaign's trainer back to the rollout (a campaign does so
+    at every sync; this is for one terminated mid-step, whose lent instances would hold
+    off every reshape). Waits until their engines are up."""
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from heddle.report import plan_table
+    from heddle.types import BlockMove
+    from scheduler.plan import TRAINING
+
+    async def run() -> None:
+        client = await running_client(address, state_dir, queue_prefix)
+        async with client:
+            plan = await client.cluster_plan()
+            lent = [i.instance_id for i in plan.instances if i.state == TRAINING]
+            back = list(instance) if instance else lent
+            if not back:
+                console.print("no instance is lent to a trainer")
+                return
+            try:
+                plan = await client.move_blocks(BlockMove(to_rollout=back, reason="manual"))
+            except WorkflowUpdateFailedError as exc:
+                cause = exc.cause.message if hasattr(exc.cause, "message") else exc.cause
+                raise fail(f"give-back refused: {cause}") from None
             console.print(plan_table(plan))
 
     asyncio.run(run())
