@@ -18,7 +18,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from engines.costmodel import train_step_s
+from engines.costmodel import train_join_s, train_step_s
 from heddle import activity_names as names
 from heddle.campaign import CampaignSpec, TrainRequest, TrainResult
 from heddle.checkpoints import (
@@ -86,8 +86,8 @@ class TrainerActivities:
         )
 
     async def _model_step(self, request: TrainRequest) -> TrainResult:
-        """A simulated cluster's step: its modelled time on the cluster's GPUs, waited
-        out on the stack's clock."""
+        """A simulated cluster's step: its modelled time on the cluster's GPUs (or on
+        those lent to it, after they join), waited out on the stack's clock."""
         root = Path(request.spec.checkpoint_root)
         step = request.start.step + 1
         done = committed(root, step)
@@ -96,6 +96,8 @@ class TrainerActivities:
             model, gpu = MODELS[self.shape.model], GPUS[self.shape.gpu]
             gpus = request.gpus or self.shape.num_gpus
             modelled = train_step_s(model, gpu, gpus, tokens)
+            if request.gpus:  # engine GPUs lent to it join the trainer first (Libra)
+                modelled += train_join_s(model, gpus)
             began = time.monotonic()
             async with heartbeating():
                 await asyncio.sleep(modelled * self.time_scale)

@@ -50,7 +50,7 @@ class CampaignSpec:
     # Libra's lever (asynchronous campaigns): every GPU runs an engine between steps, and
     # a train step borrows the engine instances that hold no trajectory, and the least
     # loaded up to this many GPUs, giving them back before the sync. 0: off (the trainer
-    # is modelled on the cluster's GPUs).
+    # is modelled on the cluster's GPUs, as it is when a plan of one instance lends none).
     trainer_gpus: int = 0
 
 
@@ -100,8 +100,8 @@ class TrainRequest:
     spec: CampaignSpec
     start: CheckpointRef
     batch_id: str
-    # GPUs the step trains on: those lent to it (`CampaignSpec.trainer_gpus`); 0: the
-    # cluster's.
+    # GPUs lent to the step (`CampaignSpec.trainer_gpus`): it trains on them once they
+    # have joined (`train_join_s`). 0: none lent; it trains on the cluster's.
     gpus: int = 0
 
     @property

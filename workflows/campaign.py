@@ -34,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
     from heddle import search_attributes as sa
     from heddle.campaign import (
         CampaignInput,
-        CampaignSpec,
         CampaignState,
         IterationBatch,
         IterationRecord,
@@ -218,7 +217,7 @@ class TrainingCampaignWorkflow:
             )
         trained: TrainResult = await workflow.execute_activity(
             names.TRAIN_STEP,
-            TrainRequest(spec, st.checkpoint, opened.batch_id, _trainer_gpus(spec, lent)),
+            TrainRequest(spec, st.checkpoint, opened.batch_id, sum(i.tp for i in lent)),
             task_queue=trainer_queue(prefix),
             start_to_close_timeout=TRAIN_TIMEOUT,
             heartbeat_timeout=TRAIN_HEARTBEAT,
@@ -283,10 +282,3 @@ class TrainingCampaignWorkflow:
             f"**{name}**: iteration {st.iteration}, policy version {st.policy_version}, "
             f"checkpoint `{st.checkpoint.path if st.checkpoint else ''}`"
         )
-
-
-def _trainer_gpus(spec: CampaignSpec, lent: list[InstancePlan]) -> int:
-    """The GPUs a train step is modelled on: those lent to it; with Libra's lever on and
-    none lent (a plan of one instance, which the rollout keeps), its floor, as if beside
-    the engines; off, 0 (the cluster's)."""
-    return sum(i.tp for i in lent) or spec.trainer_gpus
