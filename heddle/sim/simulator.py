@@ -775,7 +775,7 @@ class Simulator:
         # first step is yet to arrive: `_submit`, `_step_done` or `_arrive` ends it.
 
     def blocks(self) -> list[Block]:
-        """The instances a campaign's trainer may take (`lend`), as
+        """The instances lent to a campaign's trainer and those it may take (`lend`), as
         `scheduler.reallocation` sees them: not those serving prefill, nor those the
         policy is emptying to merge (their GPUs are promised to a wider instance)."""
         emptying = self.policy.emptying
@@ -783,7 +783,7 @@ class Simulator:
             Block(iid, i.spec.tp, load=i.sessions + i.in_flight,
                   training=i.serving == TRAIN, restart_s=i.cost.reconfiguration_s())
             for iid, i in self.instances.items()
-            if i.serving != PREFILL and iid not in emptying
+            if i.serving == TRAIN or (i.serving == DECODE and iid not in emptying)
         ]  # fmt: skip
 
     def lend(self, iid: str) -> None:
