@@ -267,7 +267,7 @@ class AsyncCampaign:
 
     def _maybe_trained(self, run: _TrainStepRun, version: int) -> None:
         if run is self.training and version == run.finish_version:
-            self._trained(run.batch, run.started_s)
+            self._trained(run)
 
     def _borrow(self) -> None:
         """Lend the trainer the engine blocks `scheduler.reallocation` picks."""
@@ -301,14 +301,13 @@ class AsyncCampaign:
         return any(self.bound.is_stale(self.spans[s.trajectory_id], self.version)
                    for s in self.groups[gid].members)  # fmt: skip
 
-    def _trained(self, batch: list[TrajectorySpec], started_s: float) -> None:
+    def _trained(self, run: _TrainStepRun) -> None:
+        batch, started_s = run.batch, run.started_s
         step = self.version
         spans = [self.spans[s.trajectory_id] for s in batch]
         trained = sum(self.bound.trainable_tokens(sp, step) for sp in spans)
         floor = self.bound.oldest_trainable(step)
         versions = [v for sp in spans for v, n in sp if n and v >= floor]
-        run = self.training
-        assert run is not None
         self.training = None
         sync_s = max(weight_sync_s(self.model, i.spec.tp) for i in self.sim.instances.values())
         self.sim.pause(sync_s, void_kv=not self.keep_kv)
