@@ -207,7 +207,7 @@ class ControlActivities:
         async with heartbeating():
             while True:
                 plan = await handle.query(ClusterControlWorkflow.plan)
-                lent = [i for i in plan.instances if i.state == plans.TRAINING]
+                lent = plans.lent_instances(plan)
                 if lent:
                     return lent
                 if any(i.state != plans.ACTIVE for i in plan.instances):
@@ -239,8 +239,8 @@ class ControlActivities:
         handle = self._control()
         async with heartbeating():
             plan = await handle.query(ClusterControlWorkflow.plan)
-            states = {i.instance_id: i.state for i in plan.instances}
-            back = [i for i in instance_ids if states.get(i) == plans.TRAINING]
+            lent = {i.instance_id for i in plans.lent_instances(plan)}
+            back = [i for i in instance_ids if i in lent]
             if back:
                 move = BlockMove(to_rollout=back, reason="the train step is done")
                 await handle.execute_update(ClusterControlWorkflow.move_blocks, move)

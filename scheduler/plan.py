@@ -130,6 +130,11 @@ def mark(plan: ClusterPlan, ids: Sequence[str], state: str) -> ClusterPlan:
     )
 
 
+def lent_instances(plan: ClusterPlan) -> list[InstancePlan]:
+    """The instances lent to a campaign's trainer."""
+    return [i for i in plan.instances if i.state == TRAINING]
+
+
 def engine_instances(plan: ClusterPlan) -> list[InstancePlan]:
     """The instances that run an engine: all but those lent to the trainer."""
     return [i for i in plan.instances if i.state != TRAINING]

@@ -87,13 +87,13 @@ def cluster_give_back(
 
     from heddle.report import plan_table
     from heddle.types import BlockMove
-    from scheduler.plan import TRAINING
+    from scheduler.plan import lent_instances
 
     async def run() -> None:
         client = await running_client(address, state_dir, queue_prefix)
         async with client:
             plan = await client.cluster_plan()
-            lent = [i.instance_id for i in plan.instances if i.state == TRAINING]
+            lent = [i.instance_id for i in lent_instances(plan)]
             back = list(instance) if instance else lent
             if not back:
                 console.print("no instance is lent to a trainer")
