@@ -123,9 +123,8 @@ def agent_batch(agent_worker: VllmWorker, tmp_path_factory: pytest.TempPathFacto
     tasks = [t for t in _tasks() if samples[t.task_id] == 3]
     special = [t for t in _tasks() if samples[t.task_id] == 1]
     batch_id, report = asyncio.run(_rollout(agent_worker, tasks, 3))
-    # The taught model makes a quirk's malformed call most of the time, not always, and
-    # vLLM's CPU build samples turns unseeded (`LocalVllm.seeded`): six samples missed one
-    # quirk in a CI run, so twelve.
+    # Twelve samples each: vLLM's CPU build samples turns unseeded (`LocalVllm.seeded`), and
+    # the test pools the three quirk tasks' first calls (below).
     special_id, special_report = asyncio.run(_rollout(agent_worker, special, SPECIAL_SAMPLES))
     return agent_worker, (batch_id, report), (special_id, special_report), path
 
@@ -209,13 +208,14 @@ def test_malformed_calls_are_observations_and_a_crashing_verifier_a_reward_error
                 assert "always crashes" in row["reward_error"], row
         else:
             assert not row["reward_error"], row
-    expected = {
-        "quirk-bad_json": "not valid JSON",
-        "quirk-unknown_tool": "unknown tool 'browser'",
-        "quirk-no_argument": "needs the string argument",
-    }
-    for task_id, error in expected.items():
-        assert any(error in e for e in errors[task_id]), errors
+    # The taught model makes a malformed first call on most quirk prompts, but it tells
+    # "unknown tool" and "no argument" apart less than half the time (12 samples of the
+    # unknown-tool prompt made 4 unknown-tool calls and 5 argument-less ones), so the kinds
+    # are checked over the three tasks together: each kind came back as its own error.
+    quirk_errors = [e for t, es in errors.items() if t.startswith("quirk-") for e in es]
+    assert sum(1 for e in quirk_errors if e) >= len(quirk_errors) // 2, errors
+    for error in ("not valid JSON", "unknown tool 'browser'", "needs the string argument"):
+        assert any(error in e for e in quirk_errors), (error, errors)
 
 
 def test_training_batch_and_parquet_export_of_an_agent_batch(
