@@ -18,12 +18,13 @@ from activities.heartbeat import heartbeating
 from engines.pool import EnginePool
 from heddle import activity_names as names
 from heddle import metrics
-from heddle.campaign import SyncRequest
+from heddle.campaign import IdleLend, SyncRequest
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
 from heddle.types import (
     BatchPlanRequest,
     BlockMove,
+    ClusterPlan,
     InstancePlan,
     MigrateRequest,
     PlanChange,
@@ -45,6 +46,8 @@ CLAIM_POLL_S = 1.0
 # Idle this long before an instance counts as drained: every process has then read the
 # plan that marks it draining, so no new step is decided for it.
 SETTLE_S = 4 * RECONCILE_EVERY_S
+# The longest a train step's lend waits for a rollout's trajectories to stop starting.
+LEND_SETTLE_MAX_S = 10 * SETTLE_S
 
 
 class Host(Protocol):
@@ -205,24 +208,23 @@ class ControlActivities:
         again) are returned as they are."""
         handle = self._control()
         async with heartbeating():
+            settled = False
             while True:
                 plan = await handle.query(ClusterControlWorkflow.plan)
                 lent = plans.lent_instances(plan)
                 if lent:
                     return lent
+                if not settled:
+                    await self._trajectories_settled()
+                    settled = True
+                    continue  # read the plan again
                 if any(i.state != plans.ACTIVE for i in plan.instances):
                     await asyncio.sleep(CLAIM_POLL_S)
                     continue
-                # The trajectories each holds, the steps on their way to it and on it.
-                loads = self.host.service.load_by_instance()
-                blocks = [
-                    Block(i.instance_id, i.tp, training=False,
-                          load=loads.get(i.instance_id, 0) + self.host.load(i.instance_id))
-                    for i in plan.instances
-                ]  # fmt: skip
                 taken = blocks_for_trainer(
-                    blocks, trainer_gpus=0, min_gpus=min_gpus, train_left_s=math.inf, join_s=0.0
-                )
+                    self._blocks(plan), trainer_gpus=0, min_gpus=min_gpus,
+                    train_left_s=math.inf, join_s=0.0,
+                )  # fmt: skip
                 if not taken:
                     return []
                 move = BlockMove(to_trainer=taken, reason="a train step borrows them")
@@ -231,6 +233,54 @@ class ControlActivities:
                 except WorkflowUpdateFailedError:
                     continue  # the plan changed since it was read: read it again
                 return [i for i in plan.instances if i.instance_id in taken]
+
+    @activity.defn(name=names.LEND_IDLE_BLOCKS)
+    async def lend_idle_blocks(self, request: IdleLend) -> list[InstancePlan]:
+        """Between a train step's slices: lend it the instances that fell idle since it
+        started, where the step outlasts their move both ways. Returns every instance
+        lent now; while the plan changes, none more."""
+        handle = self._control()
+        async with heartbeating():
+            plan = await handle.query(ClusterControlWorkflow.plan)
+            lent = plans.lent_instances(plan)
+            if any(i.state not in (plans.ACTIVE, plans.TRAINING) for i in plan.instances):
+                return lent
+            taken = blocks_for_trainer(
+                self._blocks(plan), trainer_gpus=sum(i.tp for i in lent), min_gpus=0,
+                train_left_s=request.train_left_s, join_s=request.join_s,
+            )  # fmt: skip
+            if not taken:
+                return lent
+            move = BlockMove(to_trainer=taken, reason="idle while a train step runs")
+            try:
+                plan = await handle.execute_update(ClusterControlWorkflow.move_blocks, move)
+            except WorkflowUpdateFailedError:
+                return plans.lent_instances(await handle.query(ClusterControlWorkflow.plan))
+            return plans.lent_instances(plan)
+
+    async def _trajectories_settled(self) -> None:
+        """Until no trajectory has started here for `SETTLE_S` (at most `LEND_SETTLE_MAX_S`):
+        the batches a campaign starts just before a step place their trajectories first,
+        or the instances they are about to land on would look idle and be lent."""
+        loop = asyncio.get_running_loop()
+        began = since = loop.time()
+        seen = self.host.service.trajectories_started
+        while loop.time() - since < SETTLE_S and loop.time() - began < LEND_SETTLE_MAX_S:
+            await asyncio.sleep(POLL_S)
+            if self.host.service.trajectories_started != seen:
+                seen, since = self.host.service.trajectories_started, loop.time()
+
+    def _blocks(self, plan: ClusterPlan) -> list[Block]:
+        """The plan's instances as the reallocation rule reads them: the trajectories
+        each holds, the steps on their way to it and on it, its engine's restart."""
+        loads = self.host.service.load_by_instance()
+        pool = self.host.pool
+        return [
+            Block(i.instance_id, i.tp, training=i.state == plans.TRAINING,
+                  load=loads.get(i.instance_id, 0) + self.host.load(i.instance_id),
+                  restart_s=pool.restart_s(i.tp) if pool else 0.0)
+            for i in plan.instances
+        ]  # fmt: skip
 
     @activity.defn(name=names.GIVE_BACK_BLOCKS)
     async def give_back_blocks(self, instance_ids: list[str]) -> None:

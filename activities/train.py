@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import math
 from pathlib import Path
 
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from engines.costmodel import train_join_s, train_step_s
+from engines.costmodel import train_join_s, train_tokens_per_gpu_s
 from heddle import activity_names as names
-from heddle.campaign import CampaignSpec, TrainRequest, TrainResult
+from heddle.campaign import (
+    CampaignSpec,
+    SliceResult,
+    TrainProgress,
+    TrainRequest,
+    TrainResult,
+    TrainSlice,
+)
 from heddle.checkpoints import (
     CheckpointRef,
     base_checkpoint,
@@ -85,29 +92,79 @@ class TrainerActivities:
             ref, metrics.samples, metrics.tokens, metrics.loss, metrics.logprob_gap, metrics.seconds
         )
 
-    async def _model_step(self, request: TrainRequest) -> TrainResult:
-        """A simulated cluster's step: its modelled time on the cluster's GPUs (or on
-        those lent to it, after they join), waited out on the stack's clock."""
+    @activity.defn(name=names.TRAIN_SLICE)
+    async def train_slice(self, piece: TrainSlice) -> SliceResult:
+        """A simulated step's next slice on the GPUs lent to it; the slice that ends the
+        step commits its checkpoint."""
+        request, progress = piece.request, piece.progress
         root = Path(request.spec.checkpoint_root)
         step = request.start.step + 1
+        model, gpu = MODELS[self.shape.model], GPUS[self.shape.gpu]
+        per_gpu = train_tokens_per_gpu_s(model, gpu)
         done = committed(root, step)
         if done is None:
             tokens = await asyncio.to_thread(self._batch_tokens, request.batch_id)
-            model, gpu = MODELS[self.shape.model], GPUS[self.shape.gpu]
-            gpus = request.gpus or self.shape.num_gpus
-            modelled = train_step_s(model, gpu, gpus, tokens)
-            if request.gpus:  # engine GPUs lent to it join the trainer first (Libra)
-                modelled += train_join_s(model, gpus)
-            began = time.monotonic()
+            join_s = train_join_s(model, progress.gpus + progress.joining_gpus)
+            progress, seconds = advance(progress, piece.slice_s, tokens, per_gpu, join_s)
             async with heartbeating():
-                await asyncio.sleep(modelled * self.time_scale)
-            info = {"tokens": tokens, "train_s": modelled, "gpus": gpus,
-                    "wall_s": time.monotonic() - began}  # fmt: skip
+                await asyncio.sleep(seconds * self.time_scale)
+            if progress.tokens_done < tokens:
+                lent = progress.gpus + progress.joining_gpus
+                _, left_s = advance(progress, 0.0, tokens, per_gpu, join_s)
+                return SliceResult(progress, left_s, train_join_s(model, lent))
+            info = {"tokens": tokens, "train_s": progress.elapsed_s, "gpus": progress.gpus,
+                    "lent_at_start": request.gpus}  # fmt: skip
             done = commit(staging_dir(root, step), root, step, {"simulated": True, **info})
         info = trainer_info(done.path)
-        return TrainResult(done, 0, int(info["tokens"]), 0.0, 0.0, info["train_s"])
+        trained = TrainResult(done, 0, int(info["tokens"]), 0.0, 0.0, info["train_s"])
+        return SliceResult(progress, 0.0, 0.0, trained)
+
+    async def _model_step(self, request: TrainRequest) -> TrainResult:
+        """A simulated cluster's step: its modelled time on the cluster's GPUs (or on
+        those lent to it, after they join), waited out on the stack's clock."""
+        whole = TrainProgress(gpus=self.shape.num_gpus)
+        if request.gpus:  # engine GPUs lent to it join the trainer first (Libra)
+            whole = TrainProgress(joining_gpus=request.gpus)
+        done = await self.train_slice(TrainSlice(request, whole))
+        while done.trained is None:  # the lent GPUs have joined
+            done = await self.train_slice(TrainSlice(request, done.progress))
+        return done.trained
 
     def _batch_tokens(self, batch_id: str) -> int:
         """The tokens the trainer's forward passes read: every trajectory's prompt,
         outputs and tool results, as the simulated batch's trace gives them."""
         return sum(s.sequence_tokens for s in self.store.load_specs(batch_id, 0, 10**9))
+
+
+def advance(
+    progress: TrainProgress, slice_s: float, tokens: float, tokens_per_gpu_s: float,
+    join_s: float,
+) -> tuple[TrainProgress, float]:  # fmt: skip
+    """A modelled step's progress after a slice, and the slice's seconds. The slice ends
+    after `slice_s` seconds (0: no limit), at the step's end, or when the GPUs joining
+    have joined (the campaign may then lend more). The joined GPUs train meanwhile;
+    `join_s` is the join's time if it starts now."""
+    gpus, joining, join_left = progress.gpus, progress.joining_gpus, progress.join_left_s
+    if not gpus + joining:
+        raise ValueError("a train step needs GPUs, joined or joining")
+    if joining and join_left < 0:
+        join_left = join_s
+    left = tokens - progress.tokens_done
+    limit = slice_s or math.inf
+    seconds = 0.0
+    while left > 0 and seconds < limit:
+        rate = gpus * tokens_per_gpu_s
+        span = min(join_left if joining else math.inf, limit - seconds)
+        if rate > 0 and left <= rate * span:
+            seconds, left = seconds + left / rate, 0.0
+            break
+        seconds, left = seconds + span, left - rate * span
+        if not joining:
+            break  # the slice's limit
+        join_left -= span
+        if join_left > 0:
+            break  # the slice's limit, mid-join
+        gpus, joining, join_left = gpus + joining, 0, -1.0
+        break  # joined: the campaign may lend more
+    progress = TrainProgress(gpus, joining, join_left, tokens - left, progress.elapsed_s + seconds)
+    return progress, seconds

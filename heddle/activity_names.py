@@ -30,8 +30,10 @@ OPEN_ITERATION = "open_iteration"
 RECORD_ITERATION = "record_iteration"
 PREPARE_CAMPAIGN = "prepare_campaign"
 TRAIN_STEP = "train_step"
+TRAIN_SLICE = "train_slice"
 SYNC_WEIGHTS = "sync_weights"
 LEND_BLOCKS = "lend_blocks"
+LEND_IDLE_BLOCKS = "lend_idle_blocks"
 GIVE_BACK_BLOCKS = "give_back_blocks"
 
 # The error type of a step whose engine died: its details hold the tokens made, and the

@@ -124,6 +124,50 @@ class TrainResult:
 
 
 @dataclass(frozen=True)
+class TrainProgress:
+    """How far a modelled step trained in slices has come. The step trains a slice at a
+    time so that engine instances falling idle meanwhile can join it (Libra's lever
+    inside a step: the campaign lends them between slices); the workflow carries this
+    from slice to slice, and the trainer keeps nothing between them."""
+
+    gpus: int = 0  # joined: training now
+    joining_gpus: int = 0  # lent and joining (`train_join_s`)
+    join_left_s: float = -1.0  # their join's modelled seconds left; -1: it starts now
+    tokens_done: float = 0.0
+    elapsed_s: float = 0.0  # the step's modelled seconds so far
+
+
+@dataclass(frozen=True)
+class TrainSlice:
+    request: TrainRequest
+    progress: TrainProgress
+    # The most modelled seconds this slice trains (0: no limit). A slice also ends when
+    # the GPUs joining have joined, and at the step's end.
+    slice_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SliceResult:
+    """A slice's end: the step's progress, what the lending rule reads, and the step's
+    result once it is done (its checkpoint committed)."""
+
+    progress: TrainProgress
+    left_s: float  # the step's modelled seconds left, once the joining GPUs have joined
+    join_s: float  # an instance lent now would join after this long
+    trained: TrainResult | None = None
+
+
+@dataclass(frozen=True)
+class IdleLend:
+    """Between a step's slices: lend it the engine instances that fell idle, where the
+    step (`left_s` more) outlasts their join (`join_s`) and restart
+    (`scheduler.reallocation.blocks_for_trainer`)."""
+
+    train_left_s: float
+    join_s: float
+
+
+@dataclass(frozen=True)
 class SyncRequest:
     checkpoint: CheckpointRef
 

@@ -14,10 +14,11 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from activities.campaign import draw_tasks
 from heddle.campaign import CampaignSpec
+from heddle.config import ClusterConfig
 from heddle.queues import control_workflow_id
 from heddle.tasks import load_tasks
 from heddle.types import BlockMove, InstancePlan, PlanChange, RolloutOptions
-from tests.live import live_client
+from tests.live import SMALL_CLUSTER, live_client
 from workflows.control import ClusterControlWorkflow
 
 TASKS = "heddle/data/tasks/math.jsonl"
@@ -142,10 +143,15 @@ def test_an_asynchronous_campaign_lends_its_trainer_engine_instances(
 ) -> None:
     """Libra's lever live: each train step borrows engine instances through the control
     workflow (at least its floor, never the rollout's last), trains on their GPUs, and
-    gives them back before the sync; a batch's reshape (heddle) waits for them."""
+    gives them back before the sync; a lent instance holds off a reshape. TP 1 only:
+    heddle plans a single TP-4 instance for these small batches, which the rollout
+    would keep (nothing to lend)."""
+    cluster = SMALL_CLUSTER.model_copy(update={"tp_choices": (1,)})
 
     async def run() -> None:
-        async with live_client(temporal_address, store_url, queue_prefix) as heddle:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, cluster=cluster
+        ) as heddle:
             control = heddle.temporal.get_workflow_handle_for(
                 ClusterControlWorkflow.run, control_workflow_id(queue_prefix)
             )
@@ -176,14 +182,11 @@ def test_an_asynchronous_campaign_lends_its_trainer_engine_instances(
                 info = json.loads(
                     (tmp_path / name / f"step-{step:06d}" / "trainer.json").read_text()
                 )
-                # At least the floor, never the whole cluster (4 GPUs of TP 1) but where
-                # heddle's split is one instance, which the rollout keeps.
-                assert 1 <= info["gpus"] < 4 or (policy == "heddle" and info["gpus"] == 4)
+                # At least the floor, never the whole cluster (4 GPUs of TP 1).
+                assert 1 <= info["lent_at_start"] <= info["gpus"] < 4, info
             rows = await heddle.campaign_iterations(name)
             assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
             assert all(r["completed"] == r["trajectories"] == 6 for r in rows)
-            if policy != "verl":
-                return  # heddle's last split may be one instance: none can be lent
             # By hand (what `heddle cluster give-back` does for a campaign terminated
             # mid-step): a lent instance holds off a reshape until it is given back.
             first = plan.instances[0]
@@ -195,6 +198,41 @@ def test_an_asynchronous_campaign_lends_its_trainer_engine_instances(
                 await heddle.reshape(change)
             plan = await heddle.move_blocks(BlockMove(to_rollout=[first.instance_id]))
             assert all(i.state == "active" for i in plan.instances)
+
+    asyncio.run(run())
+
+
+def test_a_lent_step_borrows_the_instances_that_fall_idle_while_it_trains(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """Libra's lever inside a step, live: a step that starts as the next batch starts
+    borrows its floor, trains in slices, and between them the instances whose
+    trajectories have all finished join it. The step must outlast an instance's move
+    both ways (a join and a restart, some 45 s), so the trainer is slow: 32B on A100s."""
+    cluster = ClusterConfig(model="qwen3-32b", gpu="a100", num_gpus=16, default_tp=2)
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.01, cluster=cluster
+        ) as heddle:
+            spec = dataclasses.replace(
+                _spec("idle", tmp_path, 4, max_staleness=1, trainer_gpus=2),
+                samples=16, tasks_per_iteration=8,
+            )  # fmt: skip
+            state = await asyncio.wait_for((await heddle.start_campaign(spec)).result(), 300)
+            assert state.phase == "done"
+            steps = [
+                json.loads((tmp_path / "idle" / f"step-{k:06d}" / "trainer.json").read_text())
+                for k in (1, 2, 3, 4)
+            ]
+            # At least the floor at the start, never the rollout's last instance.
+            assert all(2 <= s["lent_at_start"] <= s["gpus"] <= 14 for s in steps), steps
+            assert any(s["gpus"] > s["lent_at_start"] for s in steps), steps
+            control = heddle.temporal.get_workflow_handle_for(
+                ClusterControlWorkflow.run, control_workflow_id(queue_prefix)
+            )
+            plan = await control.query(ClusterControlWorkflow.plan)
+            assert all(i.state == "active" for i in plan.instances)  # all given back
 
     asyncio.run(run())
 

@@ -169,3 +169,36 @@ def test_an_async_campaign_borrows_engines_for_its_train_steps(policy: str) -> N
         assert tokens / (step.borrowed_gpus * per_gpu) < took
         assert took < train_join_s(MODEL, 2) + tokens / (2 * per_gpu) + 10.0
     assert libra.total_s < fixed.total_s
+
+
+def test_a_step_in_slices_trains_on_the_gpus_joined_and_waits_for_those_joining() -> None:
+    """The modelled trainer's slices (`activities.train.advance`): the joined GPUs train
+    while lent ones join, a slice ends at its limit or when they have joined, and the
+    slices add up to the step the fluid model gives in one piece."""
+    from activities.train import advance
+    from heddle.campaign import TrainProgress
+
+    rate, join = 10.0, 5.0  # tokens per GPU-second; a join's seconds
+    whole, s = advance(TrainProgress(gpus=4), 0.0, 1000, rate, join)
+    assert (whole.tokens_done, s) == (1000, 25.0)
+    # Lent at the start: nothing trains until they have joined, then the slice ends.
+    p, s = advance(TrainProgress(joining_gpus=2), 0.0, 1000, rate, join)
+    assert (p.gpus, p.joining_gpus, p.tokens_done, s) == (2, 0, 0.0, 5.0)
+    p, s = advance(p, 0.0, 1000, rate, join)
+    assert (p.tokens_done, s, p.elapsed_s) == (1000, 50.0, 55.0)
+    # Two train while two more join; a limit cuts the slice mid-join.
+    p, s = advance(TrainProgress(gpus=2, joining_gpus=2), 3.0, 1000, rate, join)
+    assert (p.gpus, p.joining_gpus, p.join_left_s, p.tokens_done, s) == (2, 2, 2.0, 60.0, 3.0)
+    p, s = advance(p, 3.0, 1000, rate, join)
+    assert (p.gpus, p.joining_gpus, p.tokens_done, s) == (4, 0, 100.0, 2.0)
+    p, s = advance(p, 10.0, 1000, rate, join)
+    assert (p.tokens_done, s) == (500.0, 10.0)
+    p, s = advance(p, 10.0, 1000, rate, join)
+    assert (p.tokens_done, s) == (900.0, 10.0)
+    p, s = advance(p, 10.0, 1000, rate, join)
+    assert (p.tokens_done, s, p.elapsed_s) == (1000, 2.5, 27.5)
+    # In one piece: to the join, then to the end.
+    p, s = advance(TrainProgress(gpus=2, joining_gpus=2), 0.0, 1000, rate, join)
+    assert advance(p, 0.0, 1000, rate, join)[0].elapsed_s == 27.5
+    with pytest.raises(ValueError, match="needs GPUs"):
+        advance(TrainProgress(), 0.0, 1000, rate, join)

@@ -16,11 +16,13 @@ With `max_staleness` S above 0 the campaign is asynchronous: up to S later batch
 out while one trains and syncs (`_pipelined`), each drawing the tasks the batches still
 rolling did not, and the trainer leaves out tokens more than S versions old. With
 `trainer_gpus` (Libra's lever) each train step borrows engine instances through the
-control workflow and gives them back before the sync (`_borrowed`).
+control workflow, and more as they fall idle while it trains, and gives them back
+before the sync (`_borrowed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from datetime import timedelta
 from typing import Any
@@ -35,12 +37,16 @@ with workflow.unsafe.imports_passed_through():
     from heddle.campaign import (
         CampaignInput,
         CampaignState,
+        IdleLend,
         IterationBatch,
         IterationRecord,
         OpenIteration,
+        SliceResult,
         SyncRequest,
+        TrainProgress,
         TrainRequest,
         TrainResult,
+        TrainSlice,
     )
     from heddle.checkpoints import CheckpointRef
     from heddle.queues import control_queue, trainer_queue, trajectories_queue
@@ -55,6 +61,11 @@ SYNC_HEARTBEAT = timedelta(seconds=30)
 PREPARE_TIMEOUT = timedelta(minutes=10)
 # Campaigns started before this sync their engines to step 0 only after iteration 0.
 START_SYNC_PATCH = "campaign-start-sync"
+# Campaigns started before this train a lent step in one activity, lending at its start.
+TRAIN_IN_SLICES_PATCH = "campaign-train-in-slices"
+# A simulated step with lent GPUs trains in this many slices after they join; between
+# slices it borrows the instances that fell idle (Libra's lever inside a step).
+SLICES_PER_STEP = 4
 
 
 # A batch rolling out ahead: what it drew, its rollout, and the policy version it began on.
@@ -67,6 +78,7 @@ class TrainingCampaignWorkflow:
     def __init__(self, inp: CampaignInput) -> None:
         self._state = inp.state
         self._stop = False
+        self._prefix = inp.spec.options.queue_prefix
 
     @workflow.query
     def state(self) -> CampaignState:
@@ -205,32 +217,10 @@ class TrainingCampaignWorkflow:
         assert st.checkpoint is not None
         prefix = spec.options.queue_prefix
         st.phase = "train"
-        lent: list[InstancePlan] = []
         if spec.trainer_gpus:
-            lent = await workflow.execute_activity(
-                names.LEND_BLOCKS,
-                spec.trainer_gpus,
-                task_queue=control_queue(prefix),
-                start_to_close_timeout=policy.RESHAPE_TIMEOUT,
-                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
-                result_type=list[InstancePlan],
-            )
-        trained: TrainResult = await workflow.execute_activity(
-            names.TRAIN_STEP,
-            TrainRequest(spec, st.checkpoint, opened.batch_id, sum(i.tp for i in lent)),
-            task_queue=trainer_queue(prefix),
-            start_to_close_timeout=TRAIN_TIMEOUT,
-            heartbeat_timeout=TRAIN_HEARTBEAT,
-            result_type=TrainResult,
-        )
-        if lent:  # back to the rollout before the sync, so they load the new weights too
-            await workflow.execute_activity(
-                names.GIVE_BACK_BLOCKS,
-                [i.instance_id for i in lent],
-                task_queue=control_queue(prefix),
-                start_to_close_timeout=policy.RESHAPE_TIMEOUT,
-                heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
-            )
+            trained = await self._borrowed(inp, opened)
+        else:
+            trained = await self._train(TrainRequest(spec, st.checkpoint, opened.batch_id))
         # The commit: from here the iteration's tasks are trained on.
         if opened.epoch != st.epoch:
             st.epoch, st.consumed_task_ids = opened.epoch, []
@@ -268,6 +258,80 @@ class TrainingCampaignWorkflow:
         st.iteration += 1
         st.phase = "between"
         self._upsert(spec.name)
+
+    async def _train(self, request: TrainRequest) -> TrainResult:
+        return await workflow.execute_activity(
+            names.TRAIN_STEP,
+            request,
+            task_queue=trainer_queue(self._prefix),
+            start_to_close_timeout=TRAIN_TIMEOUT,
+            heartbeat_timeout=TRAIN_HEARTBEAT,
+            result_type=TrainResult,
+        )
+
+    async def _borrowed(self, inp: CampaignInput, opened: IterationBatch) -> TrainResult:
+        """Libra's lever: the step borrows engine instances through the control
+        workflow at its start (at least its floor) and, while it trains, those that fall
+        idle (`_in_slices`); all go back to the rollout before the sync, so they load
+        the new weights with the rest."""
+        spec, st = inp.spec, self._state
+        assert st.checkpoint is not None
+        lent: list[InstancePlan] = await self._control(
+            names.LEND_BLOCKS, spec.trainer_gpus, list[InstancePlan]
+        )
+        request = TrainRequest(spec, st.checkpoint, opened.batch_id, sum(i.tp for i in lent))
+        if not lent:  # the rollout's last instance: the step trains on the cluster's GPUs
+            return await self._train(request)
+        if spec.mode == "simulated" and workflow.patched(TRAIN_IN_SLICES_PATCH):
+            trained, lent = await self._in_slices(request, lent)
+        else:
+            trained = await self._train(request)
+        await self._control(names.GIVE_BACK_BLOCKS, [i.instance_id for i in lent], None)
+        return trained
+
+    async def _in_slices(
+        self, request: TrainRequest, lent: list[InstancePlan]
+    ) -> tuple[TrainResult, list[InstancePlan]]:
+        """A modelled step a slice at a time: the first while the instances lent at its
+        start join, then `SLICES_PER_STEP` of what was left; between slices the control
+        workflow lends it the instances that fell idle. Returns the result and every
+        instance lent."""
+        progress = TrainProgress(joining_gpus=request.gpus)
+        slice_s = 0.0  # the first slice ends when those GPUs have joined
+        while True:
+            done: SliceResult = await workflow.execute_activity(
+                names.TRAIN_SLICE,
+                TrainSlice(request, progress, slice_s),
+                task_queue=trainer_queue(self._prefix),
+                start_to_close_timeout=TRAIN_TIMEOUT,
+                heartbeat_timeout=TRAIN_HEARTBEAT,
+                result_type=SliceResult,
+            )
+            if done.trained is not None:
+                return done.trained, lent
+            progress = done.progress
+            slice_s = slice_s or done.left_s / SLICES_PER_STEP
+            if progress.joining_gpus:
+                continue  # one move at a time: lend more once these have joined
+            now_lent: list[InstancePlan] = await self._control(
+                names.LEND_IDLE_BLOCKS, IdleLend(done.left_s, done.join_s), list[InstancePlan]
+            )
+            known = {i.instance_id for i in lent}
+            new = [i for i in now_lent if i.instance_id not in known]
+            if new:
+                lent = [*lent, *new]
+                progress = dataclasses.replace(progress, joining_gpus=sum(i.tp for i in new))
+
+    async def _control(self, activity: str, arg: Any, result_type: Any) -> Any:
+        """A reallocation activity on the engine host's control queue."""
+        return await workflow.execute_activity(
+            activity,
+            arg,
+            task_queue=control_queue(self._prefix),
+            start_to_close_timeout=policy.RESHAPE_TIMEOUT,
+            heartbeat_timeout=policy.RESHAPE_HEARTBEAT,
+            result_type=result_type,
+        )
 
     def _upsert(self, name: str) -> None:
         st = self._state

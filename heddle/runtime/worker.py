@@ -256,6 +256,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.migrate_kv,
                     control_acts.sync_weights,
                     control_acts.lend_blocks,
+                    control_acts.lend_idle_blocks,
                     control_acts.give_back_blocks,
                     # The scheduler calls of batches whose policy planned them.
                     sched_acts.decide,
@@ -272,7 +273,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
             Worker(
                 client,
                 task_queue=trainer_queue(prefix),
-                activities=[trainer.prepare_campaign, trainer.train_step],
+                activities=[trainer.prepare_campaign, trainer.train_step, trainer.train_slice],
                 # One step at a time: a step uses the process's torch threads.
                 max_concurrent_activities=1,
                 max_heartbeat_throttle_interval=policy.HEARTBEAT_THROTTLE,
