@@ -18,7 +18,7 @@ from activities.heartbeat import heartbeating
 from engines.pool import EnginePool
 from heddle import activity_names as names
 from heddle import metrics
-from heddle.campaign import IdleLend, SyncRequest
+from heddle.campaign import IdleLend, SyncRequest, TailLend
 from heddle.queues import control_workflow_id
 from heddle.store import TrajectoryStore
 from heddle.types import (
@@ -239,24 +239,44 @@ class ControlActivities:
         """Between a train step's slices: lend it the instances that fell idle since it
         started, where the step outlasts their move both ways. Returns every instance
         lent now; while the plan changes, none more."""
-        handle = self._control()
         async with heartbeating():
+            return await self._lend_idle(
+                request.train_left_s, request.join_s, "idle while a train step runs"
+            )
+
+    @activity.defn(name=names.LEND_TAIL_BLOCKS)
+    async def lend_tail_blocks(self, request: TailLend) -> list[InstancePlan]:
+        """During a synchronous rollout (Libra's tail): once every trajectory of the
+        batch has started, lend the trainer the instances that hold none; the rollout
+        keeps one. Returns every instance lent now."""
+        async with heartbeating():
+            if self.host.service.started_by_batch[request.batch_id] < request.num_trajectories:
+                plan = await self._control().query(ClusterControlWorkflow.plan)
+                return plans.lent_instances(plan)
+            return await self._lend_idle(math.inf, 0.0, "idle in the rollout's tail")
+
+    async def _lend_idle(
+        self, train_left_s: float, join_s: float, reason: str
+    ) -> list[InstancePlan]:
+        """Lend the instances `blocks_for_trainer` picks among the idle ones, beside those
+        lent already; returns every instance lent. While the plan changes, none more."""
+        handle = self._control()
+        plan = await handle.query(ClusterControlWorkflow.plan)
+        lent = plans.lent_instances(plan)
+        if any(i.state not in (plans.ACTIVE, plans.TRAINING) for i in plan.instances):
+            return lent
+        taken = blocks_for_trainer(
+            self._blocks(plan), trainer_gpus=sum(i.tp for i in lent), min_gpus=0,
+            train_left_s=train_left_s, join_s=join_s,
+        )  # fmt: skip
+        if not taken:
+            return lent
+        try:
+            move = BlockMove(to_trainer=taken, reason=reason)
+            plan = await handle.execute_update(ClusterControlWorkflow.move_blocks, move)
+        except WorkflowUpdateFailedError:
             plan = await handle.query(ClusterControlWorkflow.plan)
-            lent = plans.lent_instances(plan)
-            if any(i.state not in (plans.ACTIVE, plans.TRAINING) for i in plan.instances):
-                return lent
-            taken = blocks_for_trainer(
-                self._blocks(plan), trainer_gpus=sum(i.tp for i in lent), min_gpus=0,
-                train_left_s=request.train_left_s, join_s=request.join_s,
-            )  # fmt: skip
-            if not taken:
-                return lent
-            move = BlockMove(to_trainer=taken, reason="idle while a train step runs")
-            try:
-                plan = await handle.execute_update(ClusterControlWorkflow.move_blocks, move)
-            except WorkflowUpdateFailedError:
-                return plans.lent_instances(await handle.query(ClusterControlWorkflow.plan))
-            return plans.lent_instances(plan)
+        return plans.lent_instances(plan)
 
     async def _trajectories_settled(self) -> None:
         """Until no trajectory has started here for `SETTLE_S` (at most `LEND_SETTLE_MAX_S`):

@@ -95,7 +95,8 @@ class TrainerActivities:
     @activity.defn(name=names.TRAIN_SLICE)
     async def train_slice(self, piece: TrainSlice) -> SliceResult:
         """A simulated step's next slice on the GPUs lent to it; the slice that ends the
-        step commits its checkpoint."""
+        step commits its checkpoint. During the rollout's tail (`TrainRequest.tail`) it
+        trains only the trajectories finished so far, and never commits."""
         request, progress = piece.request, piece.progress
         root = Path(request.spec.checkpoint_root)
         step = request.start.step + 1
@@ -104,16 +105,20 @@ class TrainerActivities:
         done = committed(root, step)
         if done is None:
             tokens = await asyncio.to_thread(self._batch_tokens, request.batch_id)
+            ready = None
+            if request.tail:
+                ready = await asyncio.to_thread(self._batch_tokens, request.batch_id, "completed")
             join_s = train_join_s(model, progress.gpus + progress.joining_gpus)
-            progress, seconds = advance(progress, piece.slice_s, tokens, per_gpu, join_s)
+            progress, seconds = advance(progress, piece.slice_s, tokens, per_gpu, join_s, ready)
             async with heartbeating():
                 await asyncio.sleep(seconds * self.time_scale)
-            if progress.tokens_done < tokens:
+            if request.tail or progress.tokens_done < tokens:
                 lent = progress.gpus + progress.joining_gpus
                 _, left_s = advance(progress, 0.0, tokens, per_gpu, join_s)
                 return SliceResult(progress, left_s, train_join_s(model, lent))
             info = {"tokens": tokens, "train_s": progress.elapsed_s, "gpus": progress.gpus,
-                    "lent_at_start": request.gpus}  # fmt: skip
+                    "lent_at_start": request.gpus,
+                    "tokens_before_end": request.tokens_done}  # fmt: skip
             done = commit(staging_dir(root, step), root, step, {"simulated": True, **info})
         info = trainer_info(done.path)
         trained = TrainResult(done, 0, int(info["tokens"]), 0.0, 0.0, info["train_s"])
@@ -122,7 +127,7 @@ class TrainerActivities:
     async def _model_step(self, request: TrainRequest) -> TrainResult:
         """A simulated cluster's step: its modelled time on the cluster's GPUs (or on
         those lent to it, after they join), waited out on the stack's clock."""
-        whole = TrainProgress(gpus=self.shape.num_gpus)
+        whole = TrainProgress(gpus=self.shape.num_gpus, tokens_done=request.tokens_done)
         if request.gpus:  # engine GPUs lent to it join the trainer first (Libra)
             whole = TrainProgress(joining_gpus=request.gpus)
         done = await self.train_slice(TrainSlice(request, whole))
@@ -130,41 +135,45 @@ class TrainerActivities:
             done = await self.train_slice(TrainSlice(request, done.progress))
         return done.trained
 
-    def _batch_tokens(self, batch_id: str) -> int:
+    def _batch_tokens(self, batch_id: str, status: str = "") -> int:
         """The tokens the trainer's forward passes read: every trajectory's prompt,
-        outputs and tool results, as the simulated batch's trace gives them."""
-        return sum(s.sequence_tokens for s in self.store.load_specs(batch_id, 0, 10**9))
+        outputs and tool results, as the simulated batch's trace gives them (only those
+        of `status`, if given)."""
+        specs = self.store.load_specs(batch_id, 0, 10**9, status=status)
+        return sum(s.sequence_tokens for s in specs)
 
 
 def advance(
     progress: TrainProgress, slice_s: float, tokens: float, tokens_per_gpu_s: float,
-    join_s: float,
+    join_s: float, ready: float | None = None,
 ) -> tuple[TrainProgress, float]:  # fmt: skip
     """A modelled step's progress after a slice, and the slice's seconds. The slice ends
     after `slice_s` seconds (0: no limit), at the step's end, or when the GPUs joining
     have joined (the campaign may then lend more). The joined GPUs train meanwhile;
-    `join_s` is the join's time if it starts now."""
+    `join_s` is the join's time if it starts now. With `ready` (Libra's tail: the tokens
+    of the trajectories finished so far) the step trains no further, and waits."""
     gpus, joining, join_left = progress.gpus, progress.joining_gpus, progress.join_left_s
     if not gpus + joining:
         raise ValueError("a train step needs GPUs, joined or joining")
     if joining and join_left < 0:
         join_left = join_s
-    left = tokens - progress.tokens_done
+    done = progress.tokens_done
+    cap = tokens if ready is None else min(ready, tokens)
     limit = slice_s or math.inf
     seconds = 0.0
-    while left > 0 and seconds < limit:
-        rate = gpus * tokens_per_gpu_s
-        span = min(join_left if joining else math.inf, limit - seconds)
-        if rate > 0 and left <= rate * span:
-            seconds, left = seconds + left / rate, 0.0
-            break
-        seconds, left = seconds + span, left - rate * span
-        if not joining:
-            break  # the slice's limit
-        join_left -= span
-        if join_left > 0:
-            break  # the slice's limit, mid-join
-        gpus, joining, join_left = gpus + joining, 0, -1.0
-        break  # joined: the campaign may lend more
-    progress = TrainProgress(gpus, joining, join_left, tokens - left, progress.elapsed_s + seconds)
+    while seconds < limit and done < tokens:
+        rate = gpus * tokens_per_gpu_s if done < cap else 0.0  # caught up: it waits
+        to_cap = (cap - done) / rate if rate > 0 else math.inf
+        to_join = join_left if joining else math.inf
+        span = min(to_cap, to_join, limit - seconds)
+        if span == math.inf:
+            break  # caught up with the finished trajectories, no limit: nothing to wait for
+        seconds = limit if span == limit - seconds else seconds + span
+        done = cap if span == to_cap else done + rate * span
+        if joining:
+            join_left -= span
+            if join_left <= 0:
+                gpus, joining, join_left = gpus + joining, 0, -1.0
+                break  # joined: the campaign may lend more
+    progress = TrainProgress(gpus, joining, join_left, done, progress.elapsed_s + seconds)
     return progress, seconds

@@ -34,6 +34,7 @@ TRAIN_SLICE = "train_slice"
 SYNC_WEIGHTS = "sync_weights"
 LEND_BLOCKS = "lend_blocks"
 LEND_IDLE_BLOCKS = "lend_idle_blocks"
+LEND_TAIL_BLOCKS = "lend_tail_blocks"
 GIVE_BACK_BLOCKS = "give_back_blocks"
 
 # The error type of a step whose engine died: its details hold the tokens made, and the

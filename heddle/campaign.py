@@ -52,6 +52,10 @@ class CampaignSpec:
     # loaded up to this many GPUs, giving them back before the sync. 0: off (the trainer
     # is modelled on the cluster's GPUs, as it is when a plan of one instance lends none).
     trainer_gpus: int = 0
+    # Libra's lever in a synchronous simulated campaign: once every trajectory of the
+    # batch has started, the engine instances the rollout's tail leaves idle train on the
+    # trajectories already finished, and the step after the rollout trains what is left.
+    libra_tail: bool = False
 
 
 @dataclass
@@ -103,6 +107,10 @@ class TrainRequest:
     # GPUs lent to the step (`CampaignSpec.trainer_gpus`): it trains on them once they
     # have joined (`train_join_s`). 0: none lent; it trains on the cluster's.
     gpus: int = 0
+    # Tokens already trained on during the rollout's tail (`CampaignSpec.libra_tail`).
+    tokens_done: float = 0.0
+    # The rollout still runs: the step trains only the trajectories already finished.
+    tail: bool = False
 
     @property
     def oldest_version(self) -> int | None:
@@ -168,6 +176,15 @@ class IdleLend:
 
 
 @dataclass(frozen=True)
+class TailLend:
+    """During a synchronous rollout: lend the trainer the instances that hold no
+    trajectory, once all `num_trajectories` of `batch_id` have started."""
+
+    batch_id: str
+    num_trajectories: int
+
+
+@dataclass(frozen=True)
 class SyncRequest:
     checkpoint: CheckpointRef
 
@@ -207,6 +224,11 @@ def check_spec(spec: CampaignSpec) -> None:
         raise ValueError(f"on_stale must be one of {list(ON_STALE)}, got {spec.on_stale!r}")
     if spec.trainer_gpus < 0:
         raise ValueError(f"trainer_gpus must be >= 0, got {spec.trainer_gpus}")
+    if spec.libra_tail and (spec.max_staleness or spec.mode != "simulated"):
+        raise ValueError(
+            "libra_tail (Libra's tail) needs a synchronous simulated campaign: "
+            "max_staleness 0, mode 'simulated' (an asynchronous one lends with trainer_gpus)"
+        )
     if spec.trainer_gpus and not spec.max_staleness:
         raise ValueError(
             "trainer_gpus (Libra's reallocation) needs an asynchronous campaign: "

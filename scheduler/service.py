@@ -90,9 +90,11 @@ class SchedulerService:
         self._running: dict[str, str] = {}
         self.kv_usage: dict[str, float] = {}
         self._last_instance: dict[str, str] = {}
-        # Trajectories whose first step was decided here: a lend to the trainer waits
-        # until it stops growing (`activities.control`).
+        # Trajectories whose first step was decided here, in all and by batch: a lend to
+        # the trainer waits until they stop growing, or until a batch has all started
+        # (`activities.control`).
         self.trajectories_started = 0
+        self.started_by_batch: Counter[str] = Counter()
         # Policies by (name, batch): "" for the shared one of a policy that plans nothing.
         self._policies: dict[tuple[str, str], Policy] = {}
         self._buckets: dict[tuple[str, str], PriorityBuckets] = {}
@@ -274,6 +276,7 @@ class SchedulerService:
         self._start(request.trajectory_id, decision.instance_id)
         if request.trajectory_id not in self._last_instance:
             self.trajectories_started += 1
+            self.started_by_batch[request.batch_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
         self._last_request[request.trajectory_id] = request
         return decision

@@ -5,16 +5,21 @@ a stopped one resumes where it stopped, with no batch made twice."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.campaign import draw_tasks
+from engines.costmodel import train_tokens_per_gpu_s
 from heddle.campaign import CampaignSpec
+from heddle.client import HeddleClient
 from heddle.config import ClusterConfig
+from heddle.hardware import GPUS, MODELS
 from heddle.queues import control_workflow_id
 from heddle.tasks import load_tasks
 from heddle.types import BlockMove, InstancePlan, PlanChange, RolloutOptions
@@ -41,6 +46,34 @@ def test_draws_cover_each_epoch_once_in_a_seeded_order() -> None:
     assert sorted(first_epoch) == sorted(t.task_id for t in tasks)
     assert draw_tasks(tasks, 4, [], 0, seed=7)[0] == draw_tasks(tasks, 4, [], 0, seed=7)[0]
     assert draw_tasks(tasks, 4, [], 0, seed=7)[0] != draw_tasks(tasks, 4, [], 0, seed=8)[0]
+
+
+@contextlib.asynccontextmanager
+async def _lent_seen(
+    heddle: HeddleClient, queue_prefix: str, during_rollout_of: str = ""
+) -> AsyncIterator[set[str]]:
+    """The instances the cluster plan shows lent ("training") while the block runs; with
+    `during_rollout_of`, only while that campaign is in its rollout phase."""
+    control = heddle.temporal.get_workflow_handle_for(
+        ClusterControlWorkflow.run, control_workflow_id(queue_prefix)
+    )
+    seen: set[str] = set()
+
+    async def watch() -> None:
+        while True:
+            plan = await control.query(ClusterControlWorkflow.plan)
+            lent = {i.instance_id for i in plan.instances if i.state == "training"}
+            if lent and during_rollout_of:
+                phase = (await heddle.campaign_state(during_rollout_of)).phase
+                lent = lent if phase == "rollout" else set()
+            seen.update(lent)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield seen
+    finally:
+        watcher.cancel()
 
 
 def _spec(
@@ -159,20 +192,8 @@ def test_an_asynchronous_campaign_lends_its_trainer_engine_instances(
             spec = _spec(name, tmp_path, 4, per_run=2, policy=policy, max_staleness=1,
                          trainer_gpus=1)  # fmt: skip
             handle = await heddle.start_campaign(spec)
-            lent_seen: set[str] = set()
-
-            async def watch() -> None:
-                while True:
-                    plan = await control.query(ClusterControlWorkflow.plan)
-                    lent_seen.update(i.instance_id for i in plan.instances
-                                     if i.state == "training")  # fmt: skip
-                    await asyncio.sleep(0.05)
-
-            watcher = asyncio.create_task(watch())
-            try:
+            async with _lent_seen(heddle, queue_prefix) as lent_seen:
                 state = await asyncio.wait_for(handle.result(), 300)
-            finally:
-                watcher.cancel()
             assert state.phase == "done"
             assert state.iteration == state.policy_version == 4
             assert lent_seen  # instances were lent while steps trained
@@ -237,6 +258,47 @@ def test_a_lent_step_borrows_the_instances_that_fall_idle_while_it_trains(
     asyncio.run(run())
 
 
+def test_a_synchronous_campaign_trains_on_its_rollouts_idle_tail(
+    temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
+) -> None:
+    """Libra's tail, live: once a batch's trajectories have all started, the instances
+    its rollout leaves idle are lent to the trainer and train on the trajectories already
+    finished; the step after the rollout trains only what is left, on every GPU, and
+    the lent instances go back before the sync. (At 0.01 wall seconds a modelled second
+    the 128 trajectories took some 700 modelled seconds to start, near the tail's end.)"""
+    cluster = ClusterConfig(model="qwen3-32b", gpu="a100", num_gpus=16, default_tp=2)
+
+    async def run() -> None:
+        async with live_client(
+            temporal_address, store_url, queue_prefix, time_scale=0.02, cluster=cluster
+        ) as heddle:
+            control = heddle.temporal.get_workflow_handle_for(
+                ClusterControlWorkflow.run, control_workflow_id(queue_prefix)
+            )
+            spec = dataclasses.replace(
+                _spec("tail", tmp_path, 3), samples=16, tasks_per_iteration=8, libra_tail=True
+            )
+            handle = await heddle.start_campaign(spec)
+            async with _lent_seen(heddle, queue_prefix, during_rollout_of="tail") as lent:
+                state = await asyncio.wait_for(handle.result(), 300)
+            assert state.phase == "done"
+            assert lent  # during the rollout
+            plan = await control.query(ClusterControlWorkflow.plan)
+            assert all(i.state == "active" for i in plan.instances)  # all given back
+            per_gpu = train_tokens_per_gpu_s(MODELS["qwen3-32b"], GPUS["a100"])
+            steps = [
+                json.loads((tmp_path / "tail" / f"step-{k:06d}" / "trainer.json").read_text())
+                for k in (1, 2, 3)
+            ]
+            assert any(s["tokens_before_end"] > 0 for s in steps), steps
+            assert all(0 <= s["tokens_before_end"] <= s["tokens"] for s in steps), steps
+            for s in steps:  # the step after the rollout: what is left, on all 16 GPUs
+                left = s["tokens"] - s["tokens_before_end"]
+                assert s["train_s"] == pytest.approx(left / (16 * per_gpu)), s
+
+    asyncio.run(run())
+
+
 def test_bad_staleness_is_refused_before_anything_starts(
     temporal_address: str, store_url: str, queue_prefix: str, tmp_path: Path
 ) -> None:
@@ -249,6 +311,9 @@ def test_bad_staleness_is_refused_before_anything_starts(
                 await heddle.start_campaign(bad)
             with pytest.raises(ValueError, match=r"trainer_gpus .* asynchronous"):
                 await heddle.start_campaign(_spec("sync", tmp_path, 2, trainer_gpus=1))
+            tail = dataclasses.replace(_spec("late", tmp_path, 2, max_staleness=1), libra_tail=True)
+            with pytest.raises(ValueError, match=r"libra_tail .* synchronous simulated"):
+                await heddle.start_campaign(tail)
             assert not [
                 b for b in await heddle.list_batches() if b["batch_id"][:3] in ("neg", "odd")
             ]

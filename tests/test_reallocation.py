@@ -200,5 +200,11 @@ def test_a_step_in_slices_trains_on_the_gpus_joined_and_waits_for_those_joining(
     # In one piece: to the join, then to the end.
     p, s = advance(TrainProgress(gpus=2, joining_gpus=2), 0.0, 1000, rate, join)
     assert advance(p, 0.0, 1000, rate, join)[0].elapsed_s == 27.5
+    # Libra's tail: no further than the finished trajectories' tokens; then it waits,
+    # and its lent GPUs join meanwhile.
+    p, s = advance(TrainProgress(gpus=2, joining_gpus=2), 10.0, 1000, rate, join, ready=60)
+    assert (p.gpus, p.tokens_done, s) == (4, 60.0, 5.0)
+    p, s = advance(p, 10.0, 1000, rate, join, ready=100)
+    assert (p.tokens_done, s, p.elapsed_s) == (100.0, 10.0, 15.0)
     with pytest.raises(ValueError, match="needs GPUs"):
         advance(TrainProgress(), 0.0, 1000, rate, join)

@@ -22,6 +22,7 @@ before the sync (`_borrowed`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
 from datetime import timedelta
@@ -43,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         OpenIteration,
         SliceResult,
         SyncRequest,
+        TailLend,
         TrainProgress,
         TrainRequest,
         TrainResult,
@@ -67,6 +69,15 @@ TRAIN_IN_SLICES_PATCH = "campaign-train-in-slices"
 # slices it borrows the instances that fell idle (Libra's lever inside a step).
 SLICES_PER_STEP = 4
 
+
+# Libra's tail in a synchronous campaign: how often the rollout is checked for idle
+# instances while none is lent (wall seconds), and the modelled seconds of each slice
+# the lent ones train.
+TAIL_POLL = timedelta(seconds=1)
+TAIL_SLICE_S = 30.0
+
+# What the rollout's tail trained: its tokens, and the instances lent to it.
+_Tail = tuple[float, list["InstancePlan"]]
 
 # A batch rolling out ahead: what it drew, its rollout, and the policy version it began on.
 _Rolling = tuple[IterationBatch, ChildWorkflowHandle[Any, BatchReport], int]
@@ -198,7 +209,7 @@ class TrainingCampaignWorkflow:
             result_type=IterationBatch,
         )
         st.open_batch = opened.batch_id
-        report: BatchReport = await workflow.execute_child_workflow(
+        handle = await workflow.start_child_workflow(
             RolloutBatchWorkflow.run,
             BatchInput(opened.batch_id, opened.num_trajectories, opened.options),
             id=opened.batch_id,
@@ -207,10 +218,46 @@ class TrainingCampaignWorkflow:
             parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             static_summary=f"{spec.name}: iteration {st.iteration}",
         )
-        await self._train_and_record(inp, opened, report, st.policy_version)
+        tail = await self._tail(inp, opened, handle) if spec.libra_tail else None
+        report: BatchReport = await handle
+        await self._train_and_record(inp, opened, report, st.policy_version, tail)
+
+    async def _tail(
+        self,
+        inp: CampaignInput,
+        opened: IterationBatch,
+        rollout: ChildWorkflowHandle[Any, BatchReport],
+    ) -> _Tail:
+        """Libra's lever in a synchronous campaign: while the rollout runs, once all its
+        trajectories have started, the instances it leaves idle are lent to the trainer
+        and train, a slice at a time, on the trajectories already finished."""
+        spec, st = inp.spec, self._state
+        assert st.checkpoint is not None
+        request = TrainRequest(spec, st.checkpoint, opened.batch_id, tail=True)
+        progress = TrainProgress()
+        lent: list[InstancePlan] = []
+        while not rollout.done():
+            if not progress.joining_gpus:
+                now_lent: list[InstancePlan] = await self._control(
+                    names.LEND_TAIL_BLOCKS,
+                    TailLend(opened.batch_id, opened.num_trajectories),
+                    list[InstancePlan],
+                )
+                lent, progress = _joining(lent, now_lent, progress)
+            if not lent:
+                with contextlib.suppress(TimeoutError):  # the poll's end
+                    await workflow.wait_condition(rollout.done, timeout=TAIL_POLL)
+                continue
+            progress = (await self._slice(TrainSlice(request, progress, TAIL_SLICE_S))).progress
+        return progress.tokens_done, lent
 
     async def _train_and_record(
-        self, inp: CampaignInput, opened: IterationBatch, report: BatchReport, rolled_version: int
+        self,
+        inp: CampaignInput,
+        opened: IterationBatch,
+        report: BatchReport,
+        rolled_version: int,
+        tail: _Tail | None = None,
     ) -> None:
         """The iteration's train step, its commit, the sync and the record."""
         spec, st = inp.spec, self._state
@@ -219,6 +266,12 @@ class TrainingCampaignWorkflow:
         st.phase = "train"
         if spec.trainer_gpus:
             trained = await self._borrowed(inp, opened)
+        elif tail is not None:  # what the tail left, on every GPU; then the lent go back
+            tokens_done, lent = tail
+            request = TrainRequest(spec, st.checkpoint, opened.batch_id, tokens_done=tokens_done)
+            trained = await self._train(request)
+            if lent:
+                await self._control(names.GIVE_BACK_BLOCKS, [i.instance_id for i in lent], None)
         else:
             trained = await self._train(TrainRequest(spec, st.checkpoint, opened.batch_id))
         # The commit: from here the iteration's tasks are trained on.
@@ -260,13 +313,20 @@ class TrainingCampaignWorkflow:
         self._upsert(spec.name)
 
     async def _train(self, request: TrainRequest) -> TrainResult:
+        return await self._trainer(names.TRAIN_STEP, request, TrainResult)
+
+    async def _slice(self, piece: TrainSlice) -> SliceResult:
+        return await self._trainer(names.TRAIN_SLICE, piece, SliceResult)
+
+    async def _trainer(self, activity: str, arg: Any, result_type: Any) -> Any:
+        """A train activity on the trainer's queue."""
         return await workflow.execute_activity(
-            names.TRAIN_STEP,
-            request,
+            activity,
+            arg,
             task_queue=trainer_queue(self._prefix),
             start_to_close_timeout=TRAIN_TIMEOUT,
             heartbeat_timeout=TRAIN_HEARTBEAT,
-            result_type=TrainResult,
+            result_type=result_type,
         )
 
     async def _borrowed(self, inp: CampaignInput, opened: IterationBatch) -> TrainResult:
@@ -299,14 +359,7 @@ class TrainingCampaignWorkflow:
         progress = TrainProgress(joining_gpus=request.gpus)
         slice_s = 0.0  # the first slice ends when those GPUs have joined
         while True:
-            done: SliceResult = await workflow.execute_activity(
-                names.TRAIN_SLICE,
-                TrainSlice(request, progress, slice_s),
-                task_queue=trainer_queue(self._prefix),
-                start_to_close_timeout=TRAIN_TIMEOUT,
-                heartbeat_timeout=TRAIN_HEARTBEAT,
-                result_type=SliceResult,
-            )
+            done = await self._slice(TrainSlice(request, progress, slice_s))
             if done.trained is not None:
                 return done.trained, lent
             progress = done.progress
@@ -316,11 +369,7 @@ class TrainingCampaignWorkflow:
             now_lent: list[InstancePlan] = await self._control(
                 names.LEND_IDLE_BLOCKS, IdleLend(done.left_s, done.join_s), list[InstancePlan]
             )
-            known = {i.instance_id for i in lent}
-            new = [i for i in now_lent if i.instance_id not in known]
-            if new:
-                lent = [*lent, *new]
-                progress = dataclasses.replace(progress, joining_gpus=sum(i.tp for i in new))
+            lent, progress = _joining(lent, now_lent, progress)
 
     async def _control(self, activity: str, arg: Any, result_type: Any) -> Any:
         """A reallocation activity on the engine host's control queue."""
@@ -346,3 +395,15 @@ class TrainingCampaignWorkflow:
             f"**{name}**: iteration {st.iteration}, policy version {st.policy_version}, "
             f"checkpoint `{st.checkpoint.path if st.checkpoint else ''}`"
         )
+
+
+def _joining(
+    lent: list[InstancePlan], now_lent: list[InstancePlan], progress: TrainProgress
+) -> tuple[list[InstancePlan], TrainProgress]:
+    """The instances lent with those just lent added, and the step's progress with their
+    GPUs joining (none joins while an earlier move is joining: the callers wait)."""
+    known = {i.instance_id for i in lent}
+    new = [i for i in now_lent if i.instance_id not in known]
+    if not new:
+        return lent, progress
+    return [*lent, *new], dataclasses.replace(progress, joining_gpus=sum(i.tp for i in new))

@@ -132,6 +132,14 @@ def start(
             "and gives them back before the sync. 0: off."
         ),
     ] = 0,
+    libra_tail: Annotated[
+        bool,
+        typer.Option(
+            help="Synchronous and simulated, Libra's tail: once a batch's trajectories "
+            "have all started, the engine instances its rollout leaves idle train on the "
+            "finished ones; the step after the rollout trains what is left."
+        ),
+    ] = False,
     max_turns: Annotated[int, typer.Option(help="An agent trajectory's model turns.")] = 64,
     max_tokens_per_turn: Annotated[int, typer.Option(help="A model turn's cap (agent).")] = 512,
     seed: int = 0,
@@ -183,6 +191,7 @@ def start(
             max_staleness=max_staleness,
             on_stale=on_stale,
             trainer_gpus=trainer_gpus,
+            libra_tail=libra_tail,
         )
         check_spec(spec)
     except (InputError, ValueError) as exc:

@@ -257,6 +257,7 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
                     control_acts.sync_weights,
                     control_acts.lend_blocks,
                     control_acts.lend_idle_blocks,
+                    control_acts.lend_tail_blocks,
                     control_acts.give_back_blocks,
                     # The scheduler calls of batches whose policy planned them.
                     sched_acts.decide,

@@ -217,12 +217,14 @@ class TrajectoryStore:
             return count
 
     def load_specs(
-        self, batch_id: str, offset: int, limit: int, stride: int = 1
+        self, batch_id: str, offset: int, limit: int, stride: int = 1, status: str = ""
     ) -> list[TrajectorySpec]:
         """Up to `limit` specs at positions `offset`, `offset + stride`, ... (a strided
-        slice of the batch), in position order."""
+        slice of the batch), in position order; only those of `status`, if given."""
         with self._session() as s:
             q = select(TrajectoryRow.spec_json).where(TrajectoryRow.batch_id == batch_id)
+            if status:
+                q = q.where(TrajectoryRow.status == status)
             if stride > 1:
                 q = q.where(
                     TrajectoryRow.position >= offset,
