@@ -228,8 +228,9 @@ def test_a_lent_step_borrows_the_instances_that_fall_idle_while_it_trains(
 ) -> None:
     """Libra's lever inside a step, live: a step that starts as the next batch starts
     borrows its floor, trains in slices, and between them the instances whose
-    trajectories have all finished join it. The step must outlast an instance's move
-    both ways (a join and a restart, some 45 s), so the trainer is slow: 32B on A100s."""
+    trajectories have all finished may join it; every instance is back at the end. A
+    join pays only if the step outlasts an instance's move both ways (a join and a
+    restart, some 45 s), so the trainer is slow: 32B on A100s."""
     cluster = ClusterConfig(model="qwen3-32b", gpu="a100", num_gpus=16, default_tp=2)
 
     async def run() -> None:
