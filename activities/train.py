@@ -113,9 +113,10 @@ class TrainerActivities:
             async with heartbeating():
                 await asyncio.sleep(seconds * self.time_scale)
             if request.tail or progress.tokens_done < tokens:
-                lent = progress.gpus + progress.joining_gpus
+                # The GPUs lent are the same after the slice (joined or joining): a
+                # block lent now joins after `join_s` too.
                 _, left_s = advance(progress, 0.0, tokens, per_gpu, join_s)
-                return SliceResult(progress, left_s, train_join_s(model, lent))
+                return SliceResult(progress, left_s, join_s)
             info = {"tokens": tokens, "train_s": progress.elapsed_s, "gpus": progress.gpus,
                     "lent_at_start": request.gpus,
                     "tokens_before_end": request.tokens_done}  # fmt: skip
