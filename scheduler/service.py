@@ -90,10 +90,9 @@ class SchedulerService:
         self._running: dict[str, str] = {}
         self.kv_usage: dict[str, float] = {}
         self._last_instance: dict[str, str] = {}
-        # Trajectories whose first step was decided here, in all and by batch: a lend to
-        # the trainer waits until they stop growing, or until a batch has all started
+        # Trajectories whose first step was decided here, by batch: a lend to the trainer
+        # waits until they stop growing, or until a batch has all started
         # (`activities.control`).
-        self.trajectories_started = 0
         self.started_by_batch: Counter[str] = Counter()
         # Policies by (name, batch): "" for the shared one of a policy that plans nothing.
         self._policies: dict[tuple[str, str], Policy] = {}
@@ -132,6 +131,10 @@ class SchedulerService:
             if iid in self.in_flight:
                 self.in_flight[iid] = max(self.in_flight[iid], load)
         self.kv_usage.update(kv_usage or {})
+
+    @property
+    def trajectories_started(self) -> int:
+        return self.started_by_batch.total()
 
     def load_by_instance(self) -> dict[str, int]:
         """Per instance, the trajectories whose last step it ran and the steps on it."""
@@ -275,7 +278,6 @@ class SchedulerService:
         )
         self._start(request.trajectory_id, decision.instance_id)
         if request.trajectory_id not in self._last_instance:
-            self.trajectories_started += 1
             self.started_by_batch[request.batch_id] += 1
         self._last_instance[request.trajectory_id] = decision.instance_id
         self._last_request[request.trajectory_id] = request
