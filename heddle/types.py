@@ -198,6 +198,9 @@ class TrajectoryView:
     last_output_ngrams: tuple[float, ...] = ()
     last_observation_ngrams: tuple[float, ...] = ()
     last_tool_input_chars: int = 0
+    # Its last step ran where the one before it had, and found its context evicted
+    # meanwhile (`found_evicted`): the engines' KV cache is short of what they hold.
+    context_evicted: bool = False
 
     @classmethod
     def first(cls, spec: TrajectorySpec) -> TrajectoryView:
@@ -205,11 +208,14 @@ class TrajectoryView:
         return cls(spec.trajectory_id, spec.group_id, 0, spec.prompt_tokens, 0,
                    prompt_tokens=spec.prompt_tokens)  # fmt: skip
 
-    def after_output(self, tokens: int, ngrams: tuple[float, ...] = ()) -> TrajectoryView:
+    def after_output(
+        self, tokens: int, ngrams: tuple[float, ...] = (), *, evicted: bool = False
+    ) -> TrajectoryView:
         """As a step that made `tokens` (its text hashed to `ngrams`) ends, before any
-        tool result."""
+        tool result; `evicted`: the step found its context evicted (`found_evicted`)."""
         return dataclasses.replace(
             self,
+            context_evicted=evicted,
             step_index=self.step_index + 1,
             context_tokens=self.context_tokens + tokens,
             generated_tokens=self.generated_tokens + tokens,
@@ -241,6 +247,15 @@ class TrajectoryView:
             last_observation_ngrams=ngrams,
             last_tool_input_chars=input_chars,
         )
+
+    def found_evicted(self, cached_tokens: int) -> bool:
+        """Whether its next step, run on the instance its last step ran on, found its
+        context evicted: less than half of what the last step left there (the context
+        but the tool result since) came back from the prefix cache. Half, since an
+        engine caches whole blocks and may have lost a few of them; a context lost
+        during the tool call is lost whole."""
+        left = self.context_tokens - self.last_tool_output_tokens if self.step_index else 0
+        return left > 0 and cached_tokens < left / 2
 
     def on(self, instance: str | None) -> TrajectoryView:
         """Where its last step ran (None: nowhere yet, or an instance that is gone)."""

@@ -786,11 +786,12 @@ def test_a_batch_starts_longest_expected_first_by_the_earlier_iteration() -> Non
     assert longest_expected_first(batch, []) == [0, 1, 2, 3, 4]
 
 
-def test_progress_alone_does_not_lower_a_trajectorys_engine_priority() -> None:
-    """The engines' queues order by the predicted total (longest processing time first):
-    a trajectory that has made half of its 10,000 tokens still outranks one of 9,000
-    that has not started. Keyed on what is left it would not, and the engine would
-    rotate among the long ones until their contexts outgrow the KV cache."""
+def test_the_engine_key_is_the_remaining_until_a_context_is_evicted_then_the_total() -> None:
+    """The engines' queues order by the predicted remaining (the critical path) while
+    the KV cache holds what they run: b, with 9,000 tokens to go, outranks a, half-way
+    through 10,000. Once a trajectory finds its context evicted, by the predicted total
+    (longest processing time first), so progress alone no longer lowers a trajectory
+    and the engine stops rotating among the long ones."""
     from heddle.types import StepSpec, TrajectorySpec
 
     def spec(tid: str, tokens: int) -> TrajectorySpec:
@@ -804,10 +805,51 @@ def test_progress_alone_does_not_lower_a_trajectorys_engine_priority() -> None:
     states = [InstanceState(i.instance_id, 0, 0, i.tp) for i in policy.split.instances(8)]
     started = policy.decide(_event("a", 0, 0, None), states, 0.0)
     waiting = policy.decide(_event("b", 0, 0, None), states, 0.0)
-    halfway = policy.decide(_event("a", 1, 5_000, started.instance_id), states, 1.0)
+    halfway = _event("a", 1, 5_000, started.instance_id)
     # The engine runs the lowest priority value first.
-    assert halfway.priority == started.priority < waiting.priority
-    assert halfway.predicted_remaining == 5_000
+    assert started.priority < waiting.priority < policy.decide(halfway, states, 1.0).priority
+    evicted = replace(halfway, context_evicted=True)
+    after = policy.decide(evicted, states, 2.0)
+    assert after.priority == started.priority < waiting.priority
+    assert after.predicted_remaining == 5_000
+    # The switch holds for the rest of the batch.
+    assert policy.decide(halfway, states, 3.0).priority == started.priority
+
+
+def test_a_step_finds_its_context_evicted_when_less_than_half_of_it_was_cached() -> None:
+    from heddle.types import TrajectoryView
+
+    view = TrajectoryView("t", "g", 0, 1_000, 0, prompt_tokens=1_000)
+    assert not view.found_evicted(0)  # a first step has nothing to find
+    view = view.after_output(200).after_tool("python", "ok", 300)
+    # It left 1,200 tokens on its instance; the tool's 300 are new.
+    assert view.found_evicted(599)
+    assert not view.found_evicted(600)
+    assert (
+        not view.after_output(10, evicted=True).after_tool("python", "ok", 5).found_evicted(1_210)
+    )
+
+
+def test_a_batch_whose_contexts_outgrow_the_cache_switches_the_key_and_one_that_fits_not() -> None:
+    """In the simulator, as live: a step that ran where its context was, and found it
+    evicted, says so at its next decide, and Heddle's key turns to the total."""
+    from heddle.sim import simulate
+    from heddle.types import StepSpec, TrajectorySpec
+
+    def batch(prompt: int) -> list[TrajectorySpec]:
+        steps = (StepSpec(200, "python", 5.0, "ok", 100), StepSpec(200, "python", 5.0, "ok",
+                 100), StepSpec(200))  # fmt: skip
+        return [TrajectorySpec(f"t{k}", f"g{k % 8}", prompt, steps) for k in range(64)]
+
+    # Qwen3-8B on one H100 holds some 350,000 tokens: 64 contexts of 1,000 fit, of
+    # 8,000 not.
+    cluster = ClusterShape(model="qwen3-8b", gpu="h100", num_gpus=1, tp_choices=(1,))
+    assert 64 * 1_600 < CostModel.of(cluster, 1).kv_capacity_tokens < 64 * 8_000
+    for prompt, switched in ((1_000, False), (8_000, True)):
+        trace = batch(prompt)
+        policy = create_policy("heddle-oracle", PolicyContext(cluster, truth=tuple(trace)))
+        simulate(trace, policy, cluster)
+        assert policy.order.evicted_seen is switched  # type: ignore[attr-defined]
 
 
 def test_the_upper_quantile_covers_what_the_expected_count_misses() -> None:

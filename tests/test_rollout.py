@@ -462,6 +462,76 @@ class _AllOnI0(LeastLoaded):
         return Decision("i0", reason="fixed")
 
 
+class _EvictionsSeen:
+    """Test order: "a" goes first; it records what each decide says of an eviction."""
+
+    queue = "priority"
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, int], bool] = {}
+
+    def priority(self, event, now):  # type: ignore[no-untyped-def]
+        self.seen[(event.trajectory_id, event.step_index)] = event.context_evicted
+        return -1 if event.trajectory_id == "a" else 0
+
+
+def test_a_step_that_finds_its_context_evicted_says_so_at_its_next_decide(
+    temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live, on simulated engines (Qwen3-32B on one H100: 9,155 tokens of KV): "c" runs
+    alone and its second step finds its context cached; "a" (3,000 tokens) is in its
+    tool call when "b" (8,000) needs the cache, so a's second step finds its context
+    evicted, and its decide after that step says so (`TrajectoryView.context_evicted`),
+    which is what turns Heddle's queue key from the remaining to the total."""
+    from heddle.client import HeddleClient
+    from heddle.config import ClusterConfig
+    from scheduler import registry
+    from scheduler.interface import Policy
+    from scheduler.split import Homogeneous
+    from tests.live import in_process_worker
+
+    order = _EvictionsSeen()
+    monkeypatch.setitem(
+        registry.POLICIES, "test-evictions",
+        lambda ctx: Policy("test-evictions", order, _AllOnI0(), Homogeneous(1)),
+    )  # fmt: skip
+    # a's first tool call lasts 60 s (3 s at this time scale): b runs within it.
+    steps = (StepSpec(40, "python", 60.0, "ok", 30), StepSpec(40, "python", 0.1, "ok", 30),
+             StepSpec(40))  # fmt: skip
+    alone = [TraceRecord(TrajectorySpec("c", "g", 3000, steps, "coding"))]
+    a = [TraceRecord(TrajectorySpec("a", "g", 3000, steps, "coding"))]
+    b = [TraceRecord(TrajectorySpec("b", "g", 8000, (StepSpec(200),), "coding"))]
+    cluster = ClusterConfig(model="qwen3-32b", gpu="h100", num_gpus=2, default_tp=1)
+    options = RolloutOptions(policy="test-evictions")
+
+    async def run() -> None:
+        async with in_process_worker(
+            temporal_address, store_url, queue_prefix, time_scale=0.05, cluster=cluster
+        ):
+            client = await HeddleClient.connect(
+                temporal_address, store_url=store_url, queue_prefix=queue_prefix
+            )
+            async with client:
+                first = await client.start_rollout(records=alone, options=options)
+                assert (await asyncio.wait_for(first.report(), 120)).completed == 1
+                handle = await client.start_rollout(records=a, options=options)
+                while ("a", 0) not in order.seen:  # noqa: ASYNC110 (the policy's record)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # its first step ends (about 1 s modelled): its tool
+                second = await client.start_rollout(records=b, options=options)
+                for h in (handle, second):
+                    assert (await asyncio.wait_for(h.report(), 120)).completed == 1
+                row = client.store.get_trajectory(handle.batch_id, "a")
+        assert row is not None
+        assert row["steps"][1]["cached_tokens"] < 1500  # b's prefill evicted it
+        assert order.seen[("c", 1)] is False
+        assert order.seen[("c", 2)] is False
+        assert order.seen[("a", 1)] is False  # nothing ran before it: nothing lost
+        assert order.seen[("a", 2)] is True
+
+    asyncio.run(run())
+
+
 def test_an_engine_holds_the_trajectories_it_reserved_for_and_admits_the_rest_after(
     temporal_address: str, store_url: str, queue_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -206,7 +206,10 @@ class TrajectoryWorkflow:
                     self._generated += generated.output_tokens
                     record = _step_record(inp, index, generated, view.context_tokens)
                     text = step.text or StepText()
-                    view = view.after_output(generated.output_tokens, text.output_ngrams)
+                    evicted = not moved_on and view.found_evicted(generated.cached_tokens)
+                    view = view.after_output(
+                        generated.output_tokens, text.output_ngrams, evicted=evicted
+                    )
                     if new_tokens < step.output_tokens:
                         finish_reason = "token_limit"
                         await self._record(record)
@@ -375,8 +378,9 @@ class TrajectoryWorkflow:
             assert outcome is not None
             self._generated += generated.output_tokens
             made = generated.output_tokens
+            evicted = not moved_on and view.found_evicted(generated.cached_tokens)
             view = dataclasses.replace(
-                view.after_output(made, outcome.output_ngrams),
+                view.after_output(made, outcome.output_ngrams, evicted=evicted),
                 context_tokens=outcome.context_tokens + made,
             )
             record = _step_record(inp, index, generated, outcome.context_tokens)

@@ -83,6 +83,7 @@ class _Trajectory:
     prefilling_on: str | None = None  # the prefill instance its step prefills on
     decision: Decision | None = None  # where its step decodes once prefilled elsewhere
     dropped: bool = False  # dropped mid-run (`Simulator.drop`): it ends where it is
+    stayed: bool = False  # its step runs where its last one ran (`TrajectoryView.found_evicted`)
 
 
 @dataclass
@@ -197,6 +198,9 @@ class Simulator:
         self.role_switches = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
+        self._first_cached: dict[
+            str, int
+        ] = {}  # the prefix-cache hit of each step's first iteration
         self._state_list: list[InstanceState] | None = None
         self._state_pos: dict[str, int] = {}
         # Called with a trajectory's id as it finishes (not when dropped).
@@ -364,6 +368,7 @@ class Simulator:
             return
         left: _Instance | None = None
         last = traj.view.previous_instance
+        traj.stayed = last == decision.instance_id
         if last != decision.instance_id:
             if last is not None:
                 left = self.instances[last]
@@ -627,7 +632,11 @@ class Simulator:
             if not out.advanced and not out.preempted:
                 raise RuntimeError(f"instance {inst.spec.instance_id} cannot make progress")
             for rid in out.advanced:
-                self._first_scheduled.setdefault(rid, now)
+                if rid not in self._first_scheduled:
+                    self._first_scheduled[rid] = now
+                    request = core.request(rid)  # None: it ended in this iteration
+                    if request is not None:
+                        self._first_cached[rid] = request.num_cached_tokens
             inst.pending = out
             self.prefill_tokens += out.num_prefill_tokens
             if inst.serving == PREFILL:
@@ -668,9 +677,12 @@ class Simulator:
                 (tid, int(index), traj.ready_at, traj.submitted_at, first, self.now,
                  inst.spec.instance_id)
             )  # fmt: skip
+        cached = self._first_cached.pop(request_id, None)
+        evicted = (traj.stayed and not traj.step_offset and cached is not None
+                   and traj.view.found_evicted(cached))  # fmt: skip
         traj.step_offset = 0
         text = step.text or StepText()
-        traj.view = traj.view.after_output(step.output_tokens, text.output_ngrams)
+        traj.view = traj.view.after_output(step.output_tokens, text.output_ngrams, evicted=evicted)
         self.token_events.append((self.now, step.output_tokens))
         self.policy.on_step_done(traj.view, inst.spec.instance_id, step.output_tokens)
         if step.tool is None:

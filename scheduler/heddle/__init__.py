@@ -73,6 +73,9 @@ class HeddleVariant:
     # Key the engines' queues on the predicted remaining rather than the total: a
     # measure (`benchmarks/variant_ab.py --flag queue_by_remaining`), not a policy.
     queue_by_remaining: bool = False
+    # Key them on the remaining until a trajectory finds its context evicted, then on
+    # the total (`LongestPredictedFirst`); off, on the total throughout.
+    queue_adapts: bool = True
     # Engines admit a trajectory only while the forecast KV of those they hold fits
     # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.
     reserve_kv: bool = True
@@ -194,6 +197,7 @@ def heddle_policy(
             planner.forecast,
             by_remaining=variant.queue_by_remaining,
             reserve_kv=variant.reserve_kv,
+            adapts=variant.queue_adapts,
         )
         if variant.pps
         else FirstComeFirstServed()

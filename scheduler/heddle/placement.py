@@ -22,26 +22,36 @@ MIN_MIGRATE_TOKENS = 512
 BUSY_SLACK = 8
 
 
-@dataclass(frozen=True)
+@dataclass
 class LongestPredictedFirst:
     """Progressive priority: the longest predicted trajectory runs first, preemptively
-    (the paper's adaptive longest-processing-time-first). The key is the predicted total,
-    the DP's rank key, not the predicted remaining: keyed on what is left, every step a
-    trajectory makes lowers it below the next longest, so the engine rotates among the
-    long ones, their contexts together outgrow the KV cache, and each returns from its
-    tool call to re-prefill an evicted context. At 3,200 trajectories on 32B, 16 H200
-    (robustness draw 1001) the remaining key prefilled 43M tokens where the trace holds
-    10.4M, and the oracle, whose exact remaining rotates the most, 272M
+    (the paper's adaptive longest-processing-time-first), keyed on the predicted
+    remaining while the engines' KV cache holds what they run, and on the predicted
+    total once a trajectory finds its context evicted.
+
+    The remaining is the critical path's key: of two trajectories, the one with more
+    left holds the batch up. But every step a trajectory makes lowers its key below
+    the next longest, so the engine rotates among the long ones; where their contexts
+    together outgrow the KV cache, each returns from its tool call to re-prefill an
+    evicted context (robustness draw 1001 at 3,200 trajectories: 43M prefill tokens
+    where the trace holds 10.4M; draw 1013 at 6,400: 2.16x the trace's, 299 s against
+    271 s). Keyed on the total (the DP's rank key), progress alone does not move a
+    trajectory, and the same ones keep their seats. Evictions are what the rotation
+    costs, so the first one seen switches the key for the rest of the batch: the
+    paper setting's 32B math seed 1 ran 437 s on the total alone, 428 s so
     (docs/notes/issue-30-robustness.md)."""
 
     forecast: Forecast
     queue: str = "priority"
-    by_remaining: bool = False  # the remaining key, a measure (benchmarks/variant_ab.py)
+    by_remaining: bool = False  # the remaining key always, a measure (benchmarks/variant_ab.py)
     reserve_kv: bool = True  # reserve each trajectory's forecast KV (`Reserving`)
+    adapts: bool = True  # the remaining until an eviction is seen (else the total always)
+    evicted_seen: bool = False  # a trajectory found its context evicted
 
     def priority(self, event: TrajectoryView, now: float) -> int:
         tid = event.trajectory_id
-        if self.by_remaining:
+        self.evicted_seen = self.evicted_seen or event.context_evicted
+        if self.by_remaining or (self.adapts and not self.evicted_seen):
             return -int(self.forecast.remaining.get(tid, 0.0))
         return -int(self.forecast.total(tid))
 
