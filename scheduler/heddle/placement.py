@@ -37,9 +37,10 @@ class LongestPredictedFirst:
     where the trace holds 10.4M; draw 1013 at 6,400: 2.16x the trace's, 299 s against
     271 s). Keyed on the total (the DP's rank key), progress alone does not move a
     trajectory, and the same ones keep their seats. Evictions are what the rotation
-    costs, so the first one seen switches the key for the rest of the batch: the
-    paper setting's 32B math seed 1 ran 437 s on the total alone, 428 s so
-    (docs/notes/issue-30-robustness.md)."""
+    costs, so the first one seen switches the key for the rest of the batch (the
+    paper setting's 14B coding seed 0 ran 618 s on the total alone, 608 s so; docs/
+    policies.md). A wrong signal errs toward the total, the key that holds across
+    random draws."""
 
     forecast: Forecast
     queue: str = "priority"
