@@ -483,12 +483,10 @@ def test_a_step_that_finds_its_context_evicted_says_so_at_its_next_decide(
     tool call when "b" (8,000) needs the cache, so a's second step finds its context
     evicted, and its decide after that step says so (`TrajectoryView.context_evicted`),
     which is what turns Heddle's queue key from the remaining to the total."""
-    from heddle.client import HeddleClient
     from heddle.config import ClusterConfig
     from scheduler import registry
     from scheduler.interface import Policy
     from scheduler.split import Homogeneous
-    from tests.live import in_process_worker
 
     order = _EvictionsSeen()
     monkeypatch.setitem(
@@ -505,23 +503,19 @@ def test_a_step_that_finds_its_context_evicted_says_so_at_its_next_decide(
     options = RolloutOptions(policy="test-evictions")
 
     async def run() -> None:
-        async with in_process_worker(
-            temporal_address, store_url, queue_prefix, time_scale=0.05, cluster=cluster
-        ):
-            client = await HeddleClient.connect(
-                temporal_address, store_url=store_url, queue_prefix=queue_prefix
-            )
-            async with client:
-                first = await client.start_rollout(records=alone, options=options)
-                assert (await asyncio.wait_for(first.report(), 120)).completed == 1
-                handle = await client.start_rollout(records=a, options=options)
-                while ("a", 0) not in order.seen:  # noqa: ASYNC110 (the policy's record)
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.5)  # its first step ends (about 1 s modelled): its tool
-                second = await client.start_rollout(records=b, options=options)
-                for h in (handle, second):
-                    assert (await asyncio.wait_for(h.report(), 120)).completed == 1
-                row = client.store.get_trajectory(handle.batch_id, "a")
+        async with live_client(
+            temporal_address, store_url, queue_prefix, cluster=cluster
+        ) as client:
+            first = await client.start_rollout(records=alone, options=options)
+            assert (await asyncio.wait_for(first.report(), 120)).completed == 1
+            handle = await client.start_rollout(records=a, options=options)
+            while ("a", 0) not in order.seen:  # noqa: ASYNC110 (the policy's record)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # its first step ends (about 1 s modelled): its tool
+            second = await client.start_rollout(records=b, options=options)
+            for h in (handle, second):
+                assert (await asyncio.wait_for(h.report(), 120)).completed == 1
+            row = client.store.get_trajectory(handle.batch_id, "a")
         assert row is not None
         assert row["steps"][1]["cached_tokens"] < 1500  # b's prefill evicted it
         assert order.seen[("c", 1)] is False
