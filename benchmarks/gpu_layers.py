@@ -191,7 +191,7 @@ def run(shape: LayerShape, layers: int, device: torch.device, repeat: int, gpu: 
                     modelled = (it - overhead_s) * 1e3
                 rows.append({"kind": "decode", "batch": batch, "context": context,
                              "measured_ms": measured, "model_ms": modelled})  # fmt: skip
-                del caches
+                del caches, step  # `step` holds the caches too: free them before the next
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         last = torch.randn(1, shape.hidden, device=device, dtype=dtype)

@@ -198,9 +198,8 @@ class Simulator:
         self.role_switches = 0
         self.token_events: list[tuple[float, int]] = []
         self._first_scheduled: dict[str, float] = {}
-        self._first_cached: dict[
-            str, int
-        ] = {}  # the prefix-cache hit of each step's first iteration
+        # The prefix-cache hit of each step's first iteration (`TrajectoryView.found_evicted`).
+        self._first_cached: dict[str, int] = {}
         self._state_list: list[InstanceState] | None = None
         self._state_pos: dict[str, int] = {}
         # Called with a trajectory's id as it finishes (not when dropped).
