@@ -4,19 +4,30 @@ policy is real only if it moves the mean over both by more than this spread.
 
     python benchmarks/noise.py [--model qwen3-14b] [--workload coding] [--seeds 3]
                                [--predictor-seeds 3] [--policy heddle] [--jobs 2]
+    python benchmarks/noise.py --grid [--out runs.json] [--against older.json]
 
 Prints each (trace seed, predictor seed) run's makespan, throughput over verl on the
 same trace and distance to the lower bound, then per trace the spread over predictor
 seeds (largest makespan over smallest), and over all runs the mean ratio to verl and to
 the lower bound and how many runs are within 1.3x of it. The setting is
 benchmarks/paper_setting.py's.
+
+`--grid` runs the policy alone on every model, workload and trace seed under each
+predictor seed and writes the makespans to `--out`; `--against` an earlier such file
+(another commit's: run this script with PYTHONPATH at a worktree of it) prints each
+cell's mean over predictor seeds beside the earlier mean, with the difference's
+standard error, so "nothing got worse" is judged on the means and not on one draw of
+the predictor's noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from paper_setting import BASELINE, MODELS, WORKLOADS, run_cell  # this folder's sibling
 
@@ -32,6 +43,51 @@ def makespan(
     return float(cell["policies"][policy]["makespan_s"]), float(cell["lower_bound_s"])
 
 
+def grid(args: argparse.Namespace) -> None:
+    """Every paper cell under every predictor seed, the policy alone (no baseline)."""
+    runs = [
+        (m, w, s, p)
+        for m in MODELS
+        for w in WORKLOADS
+        for s in range(args.seeds)
+        for p in range(args.predictor_seeds)
+    ]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {r: pool.submit(makespan, r[0], r[1], r[2], args.policy, r[3]) for r in runs}
+        made: dict[str, dict[str, float]] = {}
+        for (m, w, s, p), f in futures.items():
+            made.setdefault(f"{m}/{w}/{s}", {})[str(p)] = round(f.result()[0], 3)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"policy": args.policy, "makespan_s": made}))
+    if args.against:
+        compare(made, json.loads(Path(args.against).read_text())["makespan_s"])
+
+
+def compare(made: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> None:
+    """Per cell: both means over predictor seeds, their ratio, and the difference over
+    its standard error (Welch's; past about 2 the cell moved beyond the seeds' noise)."""
+    print("| cell | before: mean (s) | now: mean (s) | now / before | difference / s.e. |")
+    print("|---|---:|---:|---:|---:|")
+    ratios, worse, beyond = [], [], []
+    for cell in sorted(set(made) & set(before)):
+        a, b = list(before[cell].values()), list(made[cell].values())
+        se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+        ratio = statistics.fmean(b) / statistics.fmean(a)
+        z = (statistics.fmean(b) - statistics.fmean(a)) / se if se > 0 else 0.0
+        ratios.append(ratio)
+        worse += [cell] if ratio > 1.005 else []
+        beyond += [cell] if ratio > 1.005 and z > 2 else []
+        print(f"| {cell} | {statistics.fmean(a):.1f} | {statistics.fmean(b):.1f} "
+              f"| {ratio:.3f} | {z:+.1f} |")  # fmt: skip
+    geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    print(
+        f"{len(ratios)} cells: now / before min {min(ratios):.3f}, median "
+        f"{statistics.median(ratios):.3f}, geometric mean {geomean:.3f}, max "
+        f"{max(ratios):.3f}; slower by over 0.5% on {len(worse)} ({', '.join(worse) or '-'}), "
+        f"of which beyond 2 standard errors {len(beyond)} ({', '.join(beyond) or '-'})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-14b")
@@ -40,7 +96,13 @@ def main() -> None:
     parser.add_argument("--predictor-seeds", type=int, default=3, help="seeds 0..N-1")
     parser.add_argument("--policy", default="heddle")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--grid", action="store_true", help="every model and workload")
+    parser.add_argument("--out", help="--grid: write the makespans here (JSON)")
+    parser.add_argument("--against", help="--grid: an earlier --out to compare with")
     args = parser.parse_args()
+    if args.grid:
+        grid(args)
+        return
     seeds, pseeds = range(args.seeds), range(args.predictor_seeds)
     runs = [(s, p) for s in seeds for p in pseeds]
     common = (args.model, args.workload)
