@@ -887,3 +887,29 @@ def test_a_rank_by_the_upper_quantile_keeps_the_expected_count_for_the_dp() -> N
     ]
     assert all(upper.forecast.total(t) >= plain.forecast.total(t) for t in tids)
     assert any(upper.forecast.total(t) > 1.2 * plain.forecast.total(t) for t in tids)
+
+
+@pytest.mark.parametrize("life_mean", [True, False])
+def test_a_reservation_is_the_mean_kv_of_a_trajectorys_whole_life(life_mean: bool) -> None:
+    """An engine's held trajectories are at every stage of their lives, so what they
+    use together is the sum of their whole-life means: a trajectory half-way through
+    reserves what it did at its start. The mean over what is left of it grows with its
+    context, and the sum of those stays above what the engine holds."""
+    from heddle.types import StepSpec, TrajectorySpec
+    from scheduler.baselines import heddle_variant
+    from scheduler.heddle import heddle_policy
+
+    truth = [TrajectorySpec("a", "g", 100, (StepSpec(5_000, "python", 0.1, "ok", 0),
+                                            StepSpec(5_000)))]  # fmt: skip
+    ctx = PolicyContext(ClusterShape(num_gpus=8, tp_choices=(1, 2, 4, 8)), truth=tuple(truth))
+    variant = replace(heddle_variant("heddle-oracle"), reserve_life_mean=life_mean)
+    policy = heddle_policy(ctx, "heddle-oracle", variant)
+    policy.on_batch_start([_event("a", 0, 0, None)])
+    states = [InstanceState(i.instance_id, 0, 0, i.tp) for i in policy.split.instances(8)]
+    start = policy.decide(_event("a", 0, 0, None), states, 0.0)
+    halfway = policy.decide(_event("a", 1, 5_000, start.instance_id), states, 1.0)
+    assert start.reserve_kv_tokens == 100 + 5_000  # the prompt and half of what it makes
+    if life_mean:
+        assert halfway.reserve_kv_tokens == start.reserve_kv_tokens
+    else:
+        assert halfway.reserve_kv_tokens == 5_100 + 2_500

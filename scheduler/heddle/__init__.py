@@ -79,6 +79,10 @@ class HeddleVariant:
     # Engines admit a trajectory only while the forecast KV of those they hold fits
     # (`LongestPredictedFirst.reserve_kv_tokens`); off, they admit as vLLM does.
     reserve_kv: bool = True
+    # Reserve each trajectory's mean KV over its whole life rather than over what is
+    # left of it (`LongestPredictedFirst.reserve_kv_tokens`): a measure (`benchmarks/
+    # variant_ab.py --flag reserve_life_mean`), not a policy.
+    reserve_life_mean: bool = False
     # Rank by the predictor's upper quantile of the remaining tokens, not the expected
     # count (`LearnedLengths.rank_upper`): a measure of ranking by what the uncertainty
     # allows (`benchmarks/variant_ab.py --flag rank_upper`).
@@ -197,6 +201,7 @@ def heddle_policy(
             planner.forecast,
             by_remaining=variant.queue_by_remaining,
             reserve_kv=variant.reserve_kv,
+            reserve_life_mean=variant.reserve_life_mean,
             adapts=variant.queue_adapts,
         )
         if variant.pps

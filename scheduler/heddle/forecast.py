@@ -119,6 +119,11 @@ class Forecast:
         still to come."""
         return self._context.get(tid, 0.0)
 
+    def growth_left(self, tid: str) -> float:
+        """The context tokens still to come: its predicted remaining with the tool
+        outputs that come with them."""
+        return self.remaining.get(tid, 0.0) * self.context_growth
+
     def rank(self, tid: str) -> int:
         return bisect.bisect_left(self._active, (-self._key[tid], tid))
 
