@@ -71,13 +71,14 @@ def compare(made: dict[str, dict[str, float]], before: dict[str, dict[str, float
     ratios, worse, beyond = [], [], []
     for cell in sorted(set(made) & set(before)):
         a, b = list(before[cell].values()), list(made[cell].values())
+        mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
         se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-        ratio = statistics.fmean(b) / statistics.fmean(a)
-        z = (statistics.fmean(b) - statistics.fmean(a)) / se if se > 0 else 0.0
+        ratio = mean_b / mean_a
+        z = (mean_b - mean_a) / se if se > 0 else 0.0
         ratios.append(ratio)
         worse += [cell] if ratio > 1.005 else []
         beyond += [cell] if ratio > 1.005 and z > 2 else []
-        print(f"| {cell} | {statistics.fmean(a):.1f} | {statistics.fmean(b):.1f} "
+        print(f"| {cell} | {mean_a:.1f} | {mean_b:.1f} "
               f"| {ratio:.3f} | {z:+.1f} |")  # fmt: skip
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     print(

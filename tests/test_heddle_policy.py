@@ -890,11 +890,11 @@ def test_a_rank_by_the_upper_quantile_keeps_the_expected_count_for_the_dp() -> N
 
 
 @pytest.mark.parametrize("life_mean", [True, False])
-def test_a_reservation_is_the_mean_kv_of_a_trajectorys_whole_life(life_mean: bool) -> None:
-    """An engine's held trajectories are at every stage of their lives, so what they
-    use together is the sum of their whole-life means: a trajectory half-way through
-    reserves what it did at its start. The mean over what is left of it grows with its
-    context, and the sum of those stays above what the engine holds."""
+def test_a_reservation_grows_over_what_is_left_not_as_a_whole_life_mean(life_mean: bool) -> None:
+    """The reservation's two measures: the mean KV over what is left of a trajectory
+    (Heddle's) grows with its context, so half-way through it reserves more than at its
+    start; the whole-life mean (`reserve_life_mean`, a measure not kept: too little
+    where the longest grow together) stays what it was at the start."""
     from heddle.types import StepSpec, TrajectorySpec
     from scheduler.baselines import heddle_variant
     from scheduler.heddle import heddle_policy

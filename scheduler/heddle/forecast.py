@@ -104,7 +104,7 @@ class Forecast:
         self.remaining[tid] = value
         # Its mean KV while the rest runs: the context now plus half of what is still to
         # come, generated tokens and the tool outputs that come with them.
-        self._context[tid] = event.context_tokens + value * self.context_growth / 2
+        self._context[tid] = event.context_tokens + self.growth_left(tid) / 2
         key = self.lengths.rank_remaining(event, value) + event.generated_tokens
         self._key[tid] = key
         bisect.insort(self._active, (-key, tid))
