@@ -3,7 +3,7 @@
 The bundled tasks are too hard for the taught tiny model (it almost never answers a math
 task right), so every GRPO group has equal rewards and nothing is learned. Here each
 task is a bundled math problem that asks for an answer whose first digit is 1, scored
-by `leading_digit`. The taught model does so in 16-27% of its samples at
+by `leading_digit`. The taught model does so in about 5-20% of its samples at
 temperature 1 (the answers it writes have no such bias), so groups have spread, and its
 best is 100%: a campaign whose weights reach the engines climbs well above the start
 within a few iterations, and one with the sync off stays where it began.

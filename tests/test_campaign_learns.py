@@ -28,6 +28,11 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(120
 
 ITERATIONS = 6
 RISE = 0.25
+# Sixteen samples of each of eight tasks at lr 1e-3: with eight at 2e-3, a step 0 that
+# drew two successes in 64 (about one run in ten) could send GRPO to zero reward for
+# good (docs/notes/issue-30-robustness.md, "The learning test"); twice the samples
+# make such a start rare and half the lr keeps one noisy step from undoing the rest.
+SAMPLES = 16
 
 
 def _spec(name: str, root: Path, *, sync: bool) -> CampaignSpec:
@@ -35,12 +40,12 @@ def _spec(name: str, root: Path, *, sync: bool) -> CampaignSpec:
         name=name,
         mode="agent",
         iterations=ITERATIONS,
-        samples=8,
+        samples=SAMPLES,
         tasks_per_iteration=8,
         checkpoint_root=str(root),
         model_path=str(agent_model()),
         sync_weights=sync,
-        lr=2e-3,
+        lr=1e-3,
         seed=1,
         options=RolloutOptions(
             policy="verl", tools="real", max_turns=3, max_tokens=1024, max_tokens_per_turn=64
@@ -79,7 +84,7 @@ def test_reward_rises_with_the_sync_and_stays_flat_without(
             rows = await heddle.campaign_iterations(spec.name)
         assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
         for r in rows:
-            assert r["completed"] == r["trajectories"] == 64
+            assert r["completed"] == r["trajectories"] == 8 * SAMPLES
         return [r["reward_mean"] for r in rows]
 
     try:
@@ -91,17 +96,16 @@ def test_reward_rises_with_the_sync_and_stays_flat_without(
         kill_process(worker.proc)
     print("frozen", [round(r, 3) for r in frozen], "learning", [round(r, 3) for r in learning])
     # Step 0's mean reward, over every iteration that sampled it: the frozen campaign's
-    # six and the learning one's first (one draw alone is off by about 0.065, sd).
+    # six and the learning one's first (one draw of 128 alone is off by about 0.04, sd).
     start = statistics.fmean([*frozen, learning[0]])
     assert start < 0.4, f"the toy task is not hard enough for the taught model: {learning}"
-    # The rise is read at its peak: at lr 2e-3 the toy can overshoot after it (a
-    # fresh-clone CI run went 0.28, 0.59, 0.70, 0.56, 0.33, 0.36; an earlier one 0.27 to
-    # 0.89; another 0.14, 0.41, 0.00, 0.02, 0.06, 0.34 over a frozen mean of 0.11), and
-    # what the test proves is that synced weights change what the engines sample, not
-    # that GRPO on 64 samples is stable. A frozen iteration is within about 0.065 (sd) of
-    # step 0's mean, so RISE above a seven-draw mean is some 4 sd: no draw's luck.
+    # The rise is read at its peak: GRPO on the toy can overshoot after it (at lr 2e-3 on
+    # 64 samples a fresh-clone CI run went 0.28, 0.59, 0.70, 0.56, 0.33, 0.36), and what
+    # the test proves is that synced weights change what the engines sample, not that
+    # GRPO on a few samples is stable. A frozen iteration is within about 0.04 (sd) of
+    # step 0's mean, so RISE above a seven-draw mean is some 6 sd: no draw's luck.
     peak = max(learning[1:])
     assert peak - start >= RISE, (learning, frozen)
     # With the sync off every rollout samples step 0: an iteration's mean reward moves by
-    # about 0.065 (sd) from draw to draw, a three-iteration mean's by about 0.04.
+    # about 0.04 (sd) from draw to draw, a three-iteration mean's by about 0.025.
     assert abs(statistics.fmean(frozen[-3:]) - statistics.fmean(frozen[:3])) < 0.2, frozen
