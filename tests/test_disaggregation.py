@@ -275,6 +275,33 @@ def test_live_idle_instances_take_up_prefill_in_the_tail(
     assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4
 
 
+def test_a_stopped_worker_leaves_none_of_its_hosts_loops_running(
+    temporal_address: str, store_url: str, queue_prefix: str
+) -> None:
+    """Following the plan, reviewing decodes and planning prefill roles all end with the
+    worker. The follower once outlived it where the roles were planned, and could act on
+    a reshaped plan after the host closed: a CI run of the test above hung for 300 s in
+    asyncio's teardown."""
+    import asyncio
+
+    from heddle.config import ClusterConfig, DisaggregationConfig
+    from tests.live import in_process_worker
+
+    config = DisaggregationConfig(roles="forecast", prefill_share=0.5, horizon_s=2.0)
+    cluster = ClusterConfig(model="qwen3-8b", gpu="h100", num_gpus=8, disaggregation=config)
+
+    async def left_running() -> list[str]:
+        before = asyncio.all_tasks()
+        async with in_process_worker(
+            temporal_address, store_url, queue_prefix, time_scale=0.1, cluster=cluster
+        ):
+            await asyncio.sleep(1.0)  # the host follows the plan and plans the roles
+        left = asyncio.all_tasks() - before
+        return sorted(t.get_coro().__qualname__ for t in left if not t.done())  # type: ignore[union-attr]
+
+    assert asyncio.run(left_running()) == []
+
+
 def test_a_static_pool_keeps_its_gpus_out_of_the_policies_cluster() -> None:
     static = Disaggregation(roles="static", prefill_share=0.125)
     shape = ClusterShape(model="qwen3-32b", num_gpus=64, default_tp=2, disaggregation=static)

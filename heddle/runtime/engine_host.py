@@ -338,8 +338,13 @@ class EngineHost:
         log.info("engine instance %s stopped", instance_id)
 
     async def close(self) -> None:
-        for task in list(self._starting.values()):
+        # Instances still starting, and reshapes asked of the control workflow (each
+        # waits for a workflow worker to take it, and the workers are stopping): all are
+        # cancelled and awaited, so none outlives the host.
+        pending = [*self._starting.values(), *self._reshaping]
+        for task in pending:
             task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         for iid in list(self._workers):
             await self._stop(iid)
         for iid in list(self._dead_workers):

@@ -304,16 +304,19 @@ async def run_worker(opts: WorkerOptions, stop: asyncio.Event | None = None) -> 
         address = await server.start(opts.scheduler_host, opts.scheduler_port)
         await control.execute_update(ClusterControlWorkflow.announce_scheduler, address)
         log.info("scheduler service at %s", address)
-    runs.append(asyncio.create_task(host.follow(control)))
-    runs.append(asyncio.create_task(host.review()))
+    # The host's loops run until cancelled; every one is cancelled and awaited before the
+    # host closes, so none acts on the plan (starting engine workers) after it.
+    loops = [asyncio.create_task(host.follow(control)), asyncio.create_task(host.review())]
     if pool is not None and pool.prefills is not None:
-        runs.append(asyncio.create_task(host.plan_roles(pool.prefills, forecast)))
+        loops.append(asyncio.create_task(host.plan_roles(pool.prefills, forecast)))
+    runs.extend(loops)
     waiter = asyncio.create_task(stop.wait())
     try:
         # A worker that dies (e.g. the server went away) ends the process too.
         done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
-        for task in runs[-2:]:
+        for task in loops:
             task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         await host.close()
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         if server is not None:
