@@ -234,9 +234,12 @@ def test_live_simulated_engines_prefill_on_the_pool(
     assert completed == 12
     assert made == {s.trajectory_id: s.generated_tokens for s in trace}
     # The pool is one TP-1 of the four (the narrowest, least loaded, first by id, chosen
-    # as the plan came): steps decoded on the other three only.
+    # as the plan came): steps decoded on the other three only. Which one depends on
+    # when the first round of roles runs: usually i0, but on a loaded machine steps can
+    # reach i0 first and the pool is i1.
     assert _metric("heddle_prefill_instances") == 1
-    assert instances == {"i1", "i2", "i3"}
+    assert len(instances) == 3, instances
+    assert instances < {"i0", "i1", "i2", "i3"}, instances
     # Every observation (2,500 tokens, 4 a trajectory) prefilled on the pool.
     assert _metric("heddle_prefill_handoffs_total") - handoffs >= 4 * 12
     assert _metric("heddle_offloaded_prefill_tokens_total") - tokens >= 4 * 12 * 2500
