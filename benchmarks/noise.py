@@ -5,6 +5,7 @@ policy is real only if it moves the mean over both by more than this spread.
     python benchmarks/noise.py [--model qwen3-14b] [--workload coding] [--seeds 3]
                                [--predictor-seeds 3] [--policy heddle] [--jobs 2]
     python benchmarks/noise.py --grid [--out runs.json] [--against older.json]
+    python benchmarks/noise.py --made runs.json --against older.json
 
 Prints each (trace seed, predictor seed) run's makespan, throughput over verl on the
 same trace and distance to the lower bound, then per trace the spread over predictor
@@ -17,7 +18,9 @@ predictor seed and writes the makespans to `--out`; `--against` an earlier such 
 (another commit's: run this script with PYTHONPATH at a worktree of it) prints each
 cell's mean over predictor seeds beside the earlier mean, with the difference's
 standard error, so "nothing got worse" is judged on the means and not on one draw of
-the predictor's noise.
+the predictor's noise; then each model and workload summed over its trace seeds, since
+a trace seed is itself one draw of the workload. `--made` compares two stored files
+without running anything.
 """
 
 from __future__ import annotations
@@ -87,6 +90,17 @@ def compare(made: dict[str, dict[str, float]], before: dict[str, dict[str, float
         f"{max(ratios):.3f}; slower by over 0.5% on {len(worse)} ({', '.join(worse) or '-'}), "
         f"of which beyond 2 standard errors {len(beyond)} ({', '.join(beyond) or '-'})"
     )
+    print()
+    print("| model / workload | before: sum of means (s) | now: sum of means (s) | now / before |")
+    print("|---|---:|---:|---:|")
+    sums: dict[str, list[float]] = {}
+    for cell in sorted(set(made) & set(before)):
+        model_workload = cell.rsplit("/", 1)[0]
+        pair = sums.setdefault(model_workload, [0.0, 0.0])
+        pair[0] += statistics.fmean(before[cell].values())
+        pair[1] += statistics.fmean(made[cell].values())
+    for model_workload, (sum_a, sum_b) in sums.items():
+        print(f"| {model_workload} | {sum_a:.1f} | {sum_b:.1f} | {sum_b / sum_a:.3f} |")
 
 
 def main() -> None:
@@ -99,8 +113,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--grid", action="store_true", help="every model and workload")
     parser.add_argument("--out", help="--grid: write the makespans here (JSON)")
-    parser.add_argument("--against", help="--grid: an earlier --out to compare with")
+    parser.add_argument("--against", help="--grid, --made: an earlier --out to compare with")
+    parser.add_argument("--made", help="a stored --out to compare --against, running nothing")
     args = parser.parse_args()
+    if args.made:
+        if not args.against:
+            parser.error("--made needs --against")
+        compare(*(json.loads(Path(f).read_text())["makespan_s"] for f in (args.made, args.against)))
+        return
     if args.grid:
         grid(args)
         return
