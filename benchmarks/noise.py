@@ -72,9 +72,13 @@ def compare(made: dict[str, dict[str, float]], before: dict[str, dict[str, float
     print("| cell | before: mean (s) | now: mean (s) | now / before | difference / s.e. |")
     print("|---|---:|---:|---:|---:|")
     ratios, worse, beyond = [], [], []
+    sums: dict[str, list[float]] = {}  # model/workload -> [before, now], over trace seeds
     for cell in sorted(set(made) & set(before)):
         a, b = list(before[cell].values()), list(made[cell].values())
         mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
+        pair = sums.setdefault(cell.rsplit("/", 1)[0], [0.0, 0.0])
+        pair[0] += mean_a
+        pair[1] += mean_b
         se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
         ratio = mean_b / mean_a
         z = (mean_b - mean_a) / se if se > 0 else 0.0
@@ -93,12 +97,6 @@ def compare(made: dict[str, dict[str, float]], before: dict[str, dict[str, float
     print()
     print("| model / workload | before: sum of means (s) | now: sum of means (s) | now / before |")
     print("|---|---:|---:|---:|")
-    sums: dict[str, list[float]] = {}
-    for cell in sorted(set(made) & set(before)):
-        model_workload = cell.rsplit("/", 1)[0]
-        pair = sums.setdefault(model_workload, [0.0, 0.0])
-        pair[0] += statistics.fmean(before[cell].values())
-        pair[1] += statistics.fmean(made[cell].values())
     for model_workload, (sum_a, sum_b) in sums.items():
         print(f"| {model_workload} | {sum_a:.1f} | {sum_b:.1f} | {sum_b / sum_a:.3f} |")
 

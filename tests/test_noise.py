@@ -35,8 +35,8 @@ def test_compare_names_only_the_cell_slower_beyond_its_seeds(noise, capsys) -> N
 
 
 def test_compare_sums_each_workload_over_its_trace_seeds(noise, capsys) -> None:
-    """A trace seed is one draw of its workload: one seed slower and two faster can make
-    the workload faster as a whole, and the sums say so."""
+    """A trace seed is one draw of its workload: one seed slower, one faster and one
+    unchanged can make the workload faster as a whole, and the sums say so."""
     before = {
         "m/coding/0": {"0": 100.0, "1": 100.0},
         "m/coding/1": {"0": 200.0, "1": 200.0},
